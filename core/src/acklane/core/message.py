@@ -1,0 +1,52 @@
+"""The broker-neutral raw event that filters receive."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+__all__ = ["BodyDecodeError", "RawMessage"]
+
+
+class BodyDecodeError(ValueError):
+    """The message body is not what a filter expected (not UTF-8, not JSON)."""
+
+
+@dataclass(slots=True)
+class RawMessage:
+    """One upstream message, as every connector presents it to filters.
+
+    ``native`` is the broker SDK's own message object for those who need more.
+    Connectors may subclass to add broker fields (Kafka partition/offset, ...).
+    """
+
+    body: bytes
+    attributes: Mapping[str, str] = field(default_factory=dict)
+    key: str | None = None
+    message_id: str | None = None
+    publish_time: datetime | None = None
+    delivery_attempt: int | None = None
+    source: str | None = None
+    native: Any = field(default=None, repr=False, compare=False)
+
+    def text(self) -> str:
+        """The body decoded as UTF-8."""
+        try:
+            return self.body.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise BodyDecodeError(
+                f"message {self.message_id or '?'} body is not UTF-8 text: {exc}"
+            ) from exc
+
+    def json(self) -> Any:
+        """The body decoded as JSON; raises :class:`BodyDecodeError` with the reason."""
+        try:
+            return json.loads(self.text())
+        except json.JSONDecodeError as exc:
+            raise BodyDecodeError(
+                f"message {self.message_id or '?'} body is not JSON: {exc.msg} "
+                f"at line {exc.lineno} column {exc.colno}"
+            ) from exc

@@ -1,0 +1,69 @@
+"""The producer side of the ack channel: what a broker connector implements."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+__all__ = ["AdvanceItem", "AdvanceOutcome", "SharedStreamProducer"]
+
+
+@dataclass(frozen=True, slots=True)
+class AdvanceOutcome:
+    """How the members of one event's subscriber snapshot resolved it.
+
+    ``reject_reasons`` (beyond Airflow) carries the reasons given to
+    ``reject_shared_stream_event(reason=...)`` so a dead-letter copy can say why.
+    """
+
+    acked: int
+    failed: int
+    rejected: int = 0
+    reject_reasons: tuple[str, ...] = field(default=(), compare=False)
+
+    @property
+    def is_clean(self) -> bool:
+        """True when every snapshot member accepted the event and there was at least one."""
+        return self.failed == 0 and self.rejected == 0 and self.acked > 0
+
+
+class AdvanceItem(NamedTuple):
+    """One resolved event handed back to the producer, in fan-out order."""
+
+    broker_payload: Any
+    outcome: AdvanceOutcome
+
+
+class SharedStreamProducer(ABC):
+    """Owns one group's broker connection for the life of its poll.
+
+    The connection must be opened lazily inside :meth:`open_stream`, never in
+    ``__init__``: the factory may run in a context where connecting is wrong.
+    """
+
+    @abstractmethod
+    def open_stream(self) -> AsyncIterator[tuple[Any, Any]]:
+        """Yield ``(raw_event, broker_payload)`` forever, or raise.
+
+        Returning normally is an error: the group fails with "stream ended".
+        """
+
+    @abstractmethod
+    async def advance(self, batch: Sequence[AdvanceItem]) -> None:
+        """Act on the broker for a contiguous, resolved prefix of one lane.
+
+        At most one call is in flight per group. Raising fails the whole group.
+        """
+
+    def get_advance_lane(self, broker_payload: Any) -> Hashable:
+        """The lane of an event; events of one lane are advanced in order."""
+        return None
+
+    def message_id(self, broker_payload: Any) -> str | None:
+        """The broker's stable identity of the message, for dropping duplicates."""
+        return None
+
+    async def aclose(self) -> None:  # noqa: B027 - optional hook, no-op by default
+        """Flush and close the broker clients; called once, best-effort."""

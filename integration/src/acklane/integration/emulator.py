@@ -1,0 +1,135 @@
+"""One interface for every broker emulator, whatever starts it.
+
+Each broker module (``kafka``, ``sqs``, ...) exposes two ``Emulator`` classes,
+``LOCAL`` (a local process: used on machines without a Docker engine) and
+``DOCKER`` (testcontainers with the broker's official image). The backend is
+chosen by ``ACKLANE_EMULATOR_BACKEND=local|docker``, else Docker when an engine
+answers, else local.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import socket
+import time
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar, Self
+
+__all__ = [
+    "BACKEND_ENV",
+    "BROKERS",
+    "Emulator",
+    "EmulatorError",
+    "choose_backend",
+    "docker_available",
+    "emulator_for",
+    "free_port",
+    "wait_for_port",
+]
+
+BACKEND_ENV = "ACKLANE_EMULATOR_BACKEND"
+
+#: broker name -> module exposing ``LOCAL`` and ``DOCKER`` emulator classes.
+BROKERS: dict[str, str] = {
+    "kafka": "acklane.integration.kafka",
+    "sqs": "acklane.integration.sqs",
+}
+
+
+class EmulatorError(RuntimeError):
+    """An emulator could not be started or did not become healthy."""
+
+
+class Emulator(ABC):
+    """A running (or startable) broker for tests and local development."""
+
+    broker: ClassVar[str]
+    backend: ClassVar[str]  # "local" or "docker"
+
+    @abstractmethod
+    def start(self) -> None:
+        """Start the broker and return once :meth:`wait_healthy` passed."""
+
+    @abstractmethod
+    def stop(self) -> None:
+        """Stop the broker and everything it started; safe to call twice."""
+
+    @property
+    @abstractmethod
+    def endpoint(self) -> str:
+        """Where clients connect (``host:port`` or a URL)."""
+
+    @abstractmethod
+    def client_settings(self) -> dict[str, Any]:
+        """The connector's YAML fields that reach this broker (credentials included)."""
+
+    @abstractmethod
+    def wait_healthy(self, timeout: float = 60.0) -> None:
+        """Block until the broker answers real requests, or raise EmulatorError."""
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def wait_for_port(host: str, port: int, timeout: float) -> None:
+    """Block until something accepts TCP connections on host:port."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=0.5):
+                return
+        except OSError as exc:
+            if time.monotonic() > deadline:
+                raise EmulatorError(f"nothing listens on {host}:{port} after {timeout}s") from exc
+            time.sleep(0.05)
+
+
+def docker_available(timeout: float = 2.0) -> bool:
+    """True when a Docker engine answers (not merely when the client is installed)."""
+    try:
+        import docker  # type: ignore[import-not-found]
+    except ImportError:
+        return False
+    try:
+        client = docker.from_env(timeout=timeout)
+        client.ping()
+        client.close()
+    except Exception:
+        return False
+    return True
+
+
+def choose_backend() -> str:
+    """``local`` or ``docker``, per ``ACKLANE_EMULATOR_BACKEND`` or what answers."""
+    chosen = os.environ.get(BACKEND_ENV, "").strip().lower()
+    if chosen in ("local", "docker"):
+        return chosen
+    if chosen:
+        raise EmulatorError(f"{BACKEND_ENV}={chosen!r}: expected 'local' or 'docker'")
+    return "docker" if docker_available() else "local"
+
+
+def emulator_for(broker: str, backend: str | None = None, **options: Any) -> Emulator:
+    """An unstarted emulator of ``broker`` on the chosen backend."""
+    try:
+        module = importlib.import_module(BROKERS[broker])
+    except KeyError:
+        raise EmulatorError(
+            f"no emulator for broker {broker!r} (known: {', '.join(sorted(BROKERS))})"
+        ) from None
+    backend = backend or choose_backend()
+    cls: type[Emulator] = getattr(module, backend.upper())
+    return cls(**options)
