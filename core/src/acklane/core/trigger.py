@@ -120,7 +120,7 @@ class BaseEventTrigger:
         """True when the class overrides :meth:`create_shared_stream_producer`."""
         own = cls.create_shared_stream_producer.__func__  # type: ignore[attr-defined]
         base = BaseEventTrigger.create_shared_stream_producer.__func__  # type: ignore[attr-defined]
-        return own is not base  # type: ignore[no-any-return]
+        return own is not base
 
     async def filter_shared_stream(self, stream: AsyncIterator[Any]) -> AsyncIterator[TriggerEvent]:
         """Turn the broadcast raw stream into this trigger's events."""

@@ -1,0 +1,792 @@
+"""The shared stream manager: one poll per key, fan-out, the ledger, and the advance pump.
+
+Bookkeeping is per subscriber, not per event: each subscriber consumes its queue in
+order, so an event only carries counters (how many snapshot members have yet to
+resolve it, and how they did). Per delivery the engine does a queue append, a
+pop, and a counter decrement; no per-event sets or dicts of subscribers exist.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Hashable, Iterable
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from .producer import AdvanceItem, AdvanceOutcome, SharedStreamProducer
+from .trigger import (
+    AckTimeout,
+    BaseEventTrigger,
+    StreamEnded,
+    SubscriberOverflow,
+    TriggerEvent,
+    current_window,
+)
+
+__all__ = ["BoundEvent", "GroupStats", "SharedStreamManager"]
+
+log = logging.getLogger("acklane.core.manager")
+
+_monotonic = time.monotonic
+
+
+class BoundEvent(NamedTuple):
+    """A yielded trigger event bound to the raw event whose window is open."""
+
+    seq: int
+    message_id: str | None
+    position: int
+
+
+@dataclass(slots=True)
+class GroupStats:
+    """Plain counters of one group, read by the metrics collector at scrape time."""
+
+    broadcast: int = 0
+    acked: int = 0
+    failed: int = 0
+    rejected: int = 0
+    unclaimed: int = 0  # broadcast to an empty snapshot
+    advance_batches: int = 0
+    advanced_events: int = 0
+    advance_seconds: float = 0.0
+
+
+class _Entry:
+    """One broadcast raw event in the ledger."""
+
+    __slots__ = (
+        "acked",
+        "failed",
+        "lane",
+        "lane_q",
+        "payload",
+        "raw",
+        "reasons",
+        "rejected",
+        "remaining",
+        "t",
+    )
+
+    def __init__(
+        self, payload: Any, raw: Any, lane: Hashable, lane_q: deque[_Entry], t: float, n: int
+    ) -> None:
+        self.payload = payload
+        self.raw = raw
+        self.lane = lane
+        self.lane_q = lane_q
+        self.t = t
+        self.remaining = n
+        self.acked = 0
+        self.failed = 0
+        self.rejected = 0
+        self.reasons: list[str] | None = None
+
+
+class _Binding:
+    """The trigger events one subscriber yielded while on one raw event."""
+
+    __slots__ = ("count", "done", "entry", "moved", "pending", "sub")
+
+    def __init__(self, sub: _Subscriber, entry: _Entry) -> None:
+        self.sub = sub
+        self.entry = entry
+        self.pending = 0  # bound, not yet confirmed persisted
+        self.count = 0  # bound in total (the next yield's position)
+        self.moved = False  # the subscriber moved past the raw event
+        self.done = False  # this subscriber's resolution of the entry is settled
+
+
+class _Subscriber:
+    """One trigger's membership in a group: its queue and its place in the stream."""
+
+    __slots__ = (
+        "awaiting",
+        "binding",
+        "closed",
+        "current",
+        "failure",
+        "group",
+        "queue",
+        "rejected_current",
+        "trigger",
+        "trigger_id",
+        "waiter",
+    )
+
+    def __init__(self, group: _Group, trigger_id: str, trigger: BaseEventTrigger) -> None:
+        self.group = group
+        self.trigger_id = trigger_id
+        self.trigger = trigger
+        self.queue: deque[_Entry] = deque()
+        self.waiter: asyncio.Future[None] | None = None
+        self.current: _Entry | None = None  # the raw event whose binding window is open
+        self.binding: _Binding | None = None
+        self.rejected_current = False
+        self.awaiting: deque[_Binding] = deque()  # moved past, yields not yet confirmed
+        self.failure: BaseException | None = None
+        self.closed = False
+
+    # -- the binding window (reject_shared_stream_event looks us up via a ContextVar)
+
+    def reject(self, reason: str | None) -> bool:
+        entry = self.current
+        group = self.group
+        if entry is None or self.rejected_current or not group.acking:
+            return False
+        self.rejected_current = True
+        binding = self.binding
+        if binding is not None:
+            binding.done = True  # its yields still fire, but no longer gate anything
+            self.binding = None
+        if reason:
+            if entry.reasons is None:
+                entry.reasons = []
+            entry.reasons.append(reason)
+        group.resolve(entry, 2)
+        return True
+
+    def wake(self) -> None:
+        waiter = self.waiter
+        if waiter is not None:
+            self.waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def oldest_outstanding(self) -> float | None:
+        """Broadcast time of the oldest event this subscriber has not resolved."""
+        awaiting = self.awaiting
+        while awaiting and awaiting[0].done:
+            awaiting.popleft()
+        if awaiting:
+            return awaiting[0].entry.t
+        if self.current is not None and not self.rejected_current:
+            return self.current.t
+        if self.queue:
+            return self.queue[0].t
+        return None
+
+    def move_past(self) -> None:
+        """The filter asked for the next raw event: close the current window."""
+        entry = self.current
+        self.current = None
+        if entry is None:
+            return
+        if self.rejected_current:
+            self.rejected_current = False
+            return
+        group = self.group
+        if not group.acking:
+            return
+        binding = self.binding
+        if binding is None:
+            group.resolve(entry, 0)
+            return
+        self.binding = None
+        binding.moved = True
+        if binding.pending == 0:
+            binding.done = True
+            group.resolve(entry, 0)
+        else:
+            awaiting = self.awaiting
+            while awaiting and awaiting[0].done:
+                awaiting.popleft()
+            awaiting.append(binding)
+
+    async def raw_stream(self) -> AsyncIterator[Any]:
+        """What the filter iterates: this subscriber's share of the broadcast."""
+        queue = self.queue
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                if self.current is not None:
+                    self.move_past()
+                if self.failure is not None:
+                    raise self.failure
+                if not queue:
+                    if self.closed:
+                        return
+                    waiter: asyncio.Future[None] = loop.create_future()
+                    self.waiter = waiter
+                    await waiter
+                    if self.failure is not None:
+                        raise self.failure
+                    if not queue:
+                        if self.closed:
+                            return
+                        continue
+                entry = queue.popleft()
+                self.current = entry
+                current_window.set(self)
+                yield entry.raw
+        finally:
+            self.waiter = None
+
+
+_CLEAN_CACHE: dict[tuple[int, int, int], AdvanceOutcome] = {}
+
+
+def _outcome(entry: _Entry) -> AdvanceOutcome:
+    if entry.reasons:
+        return AdvanceOutcome(entry.acked, entry.failed, entry.rejected, tuple(entry.reasons))
+    k = (entry.acked, entry.failed, entry.rejected)
+    outcome = _CLEAN_CACHE.get(k)
+    if outcome is None:
+        outcome = AdvanceOutcome(*k)
+        if len(_CLEAN_CACHE) < 4096:
+            _CLEAN_CACHE[k] = outcome
+    return outcome
+
+
+class _Group:
+    """All live subscribers of one key, sharing one upstream poll."""
+
+    def __init__(
+        self,
+        manager: SharedStreamManager,
+        key: Hashable,
+        trigger_cls: type[BaseEventTrigger],
+        kwargs: dict[str, Any],
+    ) -> None:
+        self.manager = manager
+        self.key = key
+        self.trigger_cls = trigger_cls
+        self.kwargs = kwargs
+        self.acking = trigger_cls.uses_ack_channel()
+        self.members: tuple[_Subscriber, ...] = ()
+        self.detached: list[_Subscriber] = []  # left with yields still awaiting confirmation
+        self.lanes: dict[Hashable, deque[_Entry]] = {}
+        self.ready: dict[Hashable, None] = {}  # lanes whose head is resolved, in order
+        self.producer: SharedStreamProducer | None = None
+        self.error: BaseException | None = None
+        self.frozen = False  # after failure/stop: no more resolutions count
+        self.advance_broken = False
+        self.stats = GroupStats()
+        self.latencies: list[float] | None = None  # broadcast-to-advance, when sampled
+        self._pump_wake = asyncio.Event()
+        self._polling = True
+        self._closing = False
+        self._poll_task: asyncio.Task[None] | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    # -- membership
+
+    def attach(self, trigger_id: str, trigger: BaseEventTrigger) -> _Subscriber:
+        sub = _Subscriber(self, trigger_id, trigger)
+        self.members = (*self.members, sub)
+        return sub
+
+    def _remove_member(self, sub: _Subscriber) -> None:
+        if sub in self.members:
+            self.members = tuple(m for m in self.members if m is not sub)
+
+    def detach(self, sub: _Subscriber) -> None:
+        """The subscriber leaves: unread events fail; the one it is on counts as moved past."""
+        if sub.closed:
+            return
+        sub.closed = True
+        self._remove_member(sub)
+        if sub.failure is None and not self.frozen and self.acking:
+            queue = sub.queue
+            while queue:
+                self.resolve(queue.popleft(), 1)
+            sub.move_past()
+            if any(not b.done for b in sub.awaiting):
+                self.detached.append(sub)
+        sub.queue.clear()
+        sub.wake()
+
+    def force_fail(self, sub: _Subscriber, exc: BaseException) -> None:
+        """Fail the subscriber out of every outstanding event; its iterator raises ``exc``."""
+        if sub.failure is not None:
+            return
+        sub.failure = exc
+        self._remove_member(sub)
+        if self.acking and not self.frozen:
+            queue = sub.queue
+            while queue:
+                self.resolve(queue.popleft(), 1)
+            entry = sub.current
+            if entry is not None and not sub.rejected_current:
+                self.resolve(entry, 1)
+            sub.current = None
+            sub.rejected_current = False
+            if sub.binding is not None:
+                sub.binding.done = True
+                sub.binding = None
+            for binding in sub.awaiting:
+                if not binding.done:
+                    binding.done = True
+                    self.resolve(binding.entry, 1)
+            sub.awaiting.clear()
+        sub.queue.clear()
+        sub.wake()
+
+    # -- resolution and the pump
+
+    def resolve(self, entry: _Entry, kind: int) -> None:
+        """One snapshot member resolved ``entry``: 0 acked, 1 failed, 2 rejected."""
+        if self.frozen:
+            return
+        if kind == 0:
+            entry.acked += 1
+        elif kind == 1:
+            entry.failed += 1
+        else:
+            entry.rejected += 1
+        entry.remaining -= 1
+        if entry.remaining == 0 and entry.lane_q[0] is entry:
+            self._lane_ready(entry)
+
+    def _lane_ready(self, entry: _Entry) -> None:
+        self.ready[entry.lane] = None
+        self._pump_wake.set()
+
+    async def _pump(self) -> None:
+        """Hand resolved lane prefixes to the producer, one ``advance`` at a time."""
+        producer = self.producer
+        assert producer is not None
+        ready = self.ready
+        lanes = self.lanes
+        stats = self.stats
+        wake = self._pump_wake
+        while True:
+            if not ready:
+                if self._closing:
+                    return
+                wake.clear()
+                await wake.wait()
+                continue
+            lane = next(iter(ready))
+            del ready[lane]
+            q = lanes.get(lane)
+            if q is None:
+                continue
+            batch: list[AdvanceItem] = []
+            while q and q[0].remaining == 0:
+                entry = q.popleft()
+                batch.append(AdvanceItem(entry.payload, _outcome(entry)))
+                if self.latencies is not None:
+                    self.latencies.append(_monotonic() - entry.t)
+            if not q:
+                del lanes[lane]
+            if not batch:
+                continue
+            started = _monotonic()
+            try:
+                await producer.advance(batch)
+            except Exception as exc:
+                log.warning(
+                    "Shared stream advance failed key=%r lane=%r batch=%d: %r",
+                    self.key,
+                    lane,
+                    len(batch),
+                    exc,
+                )
+                self.advance_broken = True
+                self.fail(exc)
+                return
+            stats.advance_batches += 1
+            stats.advanced_events += len(batch)
+            stats.advance_seconds += _monotonic() - started
+            q2 = lanes.get(lane)
+            if q2 and q2[0].remaining == 0:
+                ready[lane] = None
+
+    # -- the poll
+
+    def _new_lane(self, lane: Hashable) -> deque[_Entry]:
+        q: deque[_Entry] = deque()
+        self.lanes[lane] = q
+        return q
+
+    async def _poll(self) -> None:
+        grace = self.manager.cohort_grace_period
+        if grace > 0:
+            await asyncio.sleep(grace)
+        log.info(
+            "Shared stream group started key=%r subscribers=%d", self.key, len(self.members)
+        )
+        if self.acking:
+            assert self.producer is not None
+            await self._poll_ack(self.producer)
+        else:
+            await self._poll_fast()
+        raise StreamEnded(f"shared stream {self.key!r} ended; a shared stream must run forever")
+
+    async def _poll_fast(self) -> None:
+        stream = self.trigger_cls.open_shared_stream(self.kwargs)
+        maxq = self.manager.max_subscriber_queue
+        stats = self.stats
+        try:
+            async for raw in stream:
+                stats.broadcast += 1
+                entry = _Entry(None, raw, None, _EMPTY_LANE, 0.0, 0)
+                for sub in self.members:
+                    if len(sub.queue) >= maxq:
+                        self._overflow(sub, maxq)
+                        continue
+                    sub.queue.append(entry)
+                    if sub.waiter is not None:
+                        sub.wake()
+        finally:
+            await _aclose_iter(stream)
+
+    async def _poll_ack(self, producer: SharedStreamProducer) -> None:
+        stream = producer.open_stream()
+        maxq = self.manager.max_subscriber_queue
+        get_lane = producer.get_advance_lane
+        lanes = self.lanes
+        stats = self.stats
+        try:
+            async for raw, payload in stream:
+                lane = get_lane(payload)
+                try:
+                    lane_q = lanes.get(lane)
+                except TypeError as exc:
+                    raise TypeError(f"advance lane {lane!r} is not hashable") from exc
+                if lane_q is None:
+                    lane_q = self._new_lane(lane)
+                members = self.members
+                entry = _Entry(payload, raw, lane, lane_q, _monotonic(), len(members))
+                lane_q.append(entry)
+                stats.broadcast += 1
+                if not members:
+                    stats.unclaimed += 1
+                    if lane_q[0] is entry:
+                        self._lane_ready(entry)
+                    continue
+                for sub in members:
+                    queue = sub.queue
+                    if len(queue) >= maxq:
+                        queue.append(entry)  # counted in this event too, then failed with the rest
+                        self._overflow(sub, maxq)
+                        continue
+                    queue.append(entry)
+                    if sub.waiter is not None:
+                        sub.wake()
+        finally:
+            await _aclose_iter(stream)
+
+    def _overflow(self, sub: _Subscriber, maxq: int) -> None:
+        log.warning(
+            "Shared stream subscriber overflow key=%r trigger_id=%s queue_size=%d",
+            self.key,
+            sub.trigger_id,
+            maxq,
+        )
+        self.force_fail(
+            sub,
+            SubscriberOverflow(
+                f"trigger {sub.trigger_id}: queue of {maxq} raw events full; "
+                f"it was failed out of its outstanding events"
+            ),
+        )
+
+    # -- ack timeout
+
+    async def _sweep(self) -> None:
+        timeout = self.manager.ack_timeout
+        interval = min(max(timeout / 10.0, 0.01), 1.0)
+        while True:
+            await asyncio.sleep(interval)
+            limit = _monotonic() - timeout
+            for sub in (*self.members, *self.detached):
+                oldest = sub.oldest_outstanding()
+                if oldest is not None and oldest <= limit:
+                    self._timeout(sub)
+            if self.detached:
+                self.detached = [
+                    s for s in self.detached if s.failure is None and s.oldest_outstanding()
+                ]
+
+    def _timeout(self, sub: _Subscriber) -> None:
+        entry = sub.awaiting[0].entry if sub.awaiting else (sub.current or sub.queue[0])
+        event_id = self._event_id(entry)
+        log.warning(
+            "Shared stream ack timeout key=%r trigger_id=%s event=%s after %.3gs",
+            self.key,
+            sub.trigger_id,
+            event_id,
+            self.manager.ack_timeout,
+        )
+        self.force_fail(
+            sub,
+            AckTimeout(
+                f"trigger {sub.trigger_id} did not resolve event {event_id} within "
+                f"ack_timeout={self.manager.ack_timeout}s"
+            ),
+        )
+
+    def _event_id(self, entry: _Entry) -> str:
+        producer = self.producer
+        if producer is not None:
+            try:
+                mid = producer.message_id(entry.payload)
+            except Exception:  # the id is only for the log line
+                mid = None
+            if mid is not None:
+                return mid
+        return repr(entry.payload)[:80]
+
+    # -- lifecycle
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(
+            self._run(), name=f"acklane-group-{self.key!r}"
+        )
+
+    async def _run(self) -> None:
+        try:
+            if self.acking:
+                self.producer = self.trigger_cls.create_shared_stream_producer(self.kwargs)
+        except Exception as exc:
+            self.fail(exc)
+            return
+        try:
+            async with asyncio.TaskGroup() as tg:
+                self._poll_task = tg.create_task(self._guarded_poll())
+                if self.acking:
+                    sweep = tg.create_task(self._sweep())
+                    await self._pump()
+                    sweep.cancel()
+        finally:
+            self.frozen = True
+            await self._aclose_producer()
+            self.manager._drop_bindings(self)
+
+    async def _guarded_poll(self) -> None:
+        try:
+            await self._poll()
+        except asyncio.CancelledError:
+            if self.error is None and self._polling:
+                raise  # cancelled from outside, not by stop()/fail()
+        except Exception as exc:
+            self.fail(exc)
+        finally:
+            self._polling = False
+            self._pump_wake.set()
+
+    async def _aclose_producer(self) -> None:
+        producer = self.producer
+        if producer is None:
+            return
+        try:
+            await producer.aclose()
+        except Exception as exc:
+            log.warning("Shared stream producer aclose failed key=%r: %r", self.key, exc)
+
+    def fail(self, exc: BaseException) -> None:
+        """The group fails loudly: every subscriber's iterator raises ``exc``."""
+        if self.error is not None:
+            return
+        self.error = exc
+        log.warning("Shared stream group failed key=%r: %r", self.key, exc)
+        self.manager._forget_group(self)
+        self.close()
+        for sub in self.members:
+            sub.failure = exc
+            sub.wake()
+        self.members = ()
+
+    def close(self) -> None:
+        """Stop for good: advance what is resolved now, abandon the rest, close the producer."""
+        self.frozen = True
+        self._closing = True
+        self.stop_polling()
+        self._pump_wake.set()
+
+    def stop_polling(self) -> None:
+        """Stop pulling upstream; resolutions and advances go on until :meth:`close`."""
+        if self._polling:
+            self._polling = False
+            task = self._poll_task
+            if task is not None and not task.done():
+                task.cancel()
+            self._pump_wake.set()
+
+    async def wait_closed(self) -> None:
+        task = self._task
+        if task is not None:
+            await asyncio.shield(task)
+
+
+_EMPTY_LANE: deque[_Entry] = deque()
+
+
+async def _aclose_iter(stream: Any) -> None:
+    aclose = getattr(stream, "aclose", None)
+    if aclose is not None:
+        await aclose()
+
+
+class SharedStreamManager:
+    """One per process: groups triggers by key and runs one poll per group."""
+
+    def __init__(
+        self,
+        max_subscriber_queue: int = 1024,
+        ack_timeout: float = 300.0,
+        cohort_grace_period: float = 0.0,
+    ) -> None:
+        if max_subscriber_queue < 1:
+            raise ValueError("max_subscriber_queue must be at least 1")
+        if ack_timeout <= 0:
+            raise ValueError("ack_timeout must be positive")
+        self.max_subscriber_queue = max_subscriber_queue
+        self.ack_timeout = ack_timeout
+        self.cohort_grace_period = cohort_grace_period
+        self._groups: dict[Hashable, _Group] = {}
+        self._subs: dict[tuple[str, Hashable], _Subscriber] = {}
+        self._bindings: dict[int, _Binding] = {}
+        self._next_seq = 1
+        self._closing: set[_Group] = set()
+
+    # -- subscribing
+
+    async def subscribe(
+        self, *, trigger_id: str, trigger: BaseEventTrigger, key: Hashable
+    ) -> AsyncIterator[TriggerEvent]:
+        """Join the group of ``key`` and yield what this trigger's filter makes of it."""
+        if key is None:
+            raise ValueError(f"trigger {trigger_id}: a None shared stream key cannot be shared")
+        sub_key = (trigger_id, key)
+        if sub_key in self._subs:
+            raise RuntimeError(f"trigger {trigger_id} is already subscribed to {key!r}")
+        group = self._groups.get(key)
+        if group is None:
+            _, kwargs = trigger.serialize()
+            group = _Group(self, key, type(trigger), kwargs)
+            self._groups[key] = group
+            group.start()
+        sub = group.attach(trigger_id, trigger)
+        self._subs[sub_key] = sub
+        try:
+            async for event in trigger.filter_shared_stream(sub.raw_stream()):
+                yield event
+        finally:
+            self._detach(sub_key, sub)
+
+    def _detach(self, sub_key: tuple[str, Hashable], sub: _Subscriber) -> _Group | None:
+        if self._subs.get(sub_key) is sub:
+            del self._subs[sub_key]
+        group = sub.group
+        group.detach(sub)
+        if not group.members and group.error is None and self._groups.get(group.key) is group:
+            del self._groups[group.key]
+            group.close()
+            self._closing.add(group)
+            return group
+        return None
+
+    async def unsubscribe(self, trigger_id: str, key: Hashable) -> None:
+        """Leave the group; the last one out stops its poll and waits for it to close."""
+        sub = self._subs.get((trigger_id, key))
+        if sub is None:
+            return
+        group = self._detach((trigger_id, key), sub)
+        if group is not None:
+            await self._finish(group)
+
+    async def _finish(self, group: _Group) -> None:
+        try:
+            await group.wait_closed()
+        finally:
+            self._closing.discard(group)
+
+    # -- the binding channel
+
+    def bind_event(self, *, trigger_id: str, key: Hashable) -> BoundEvent | None:
+        """Bind the trigger's just-yielded event to the raw event whose window is open."""
+        sub = self._subs.get((trigger_id, key))
+        if sub is None:
+            return None
+        entry = sub.current
+        if entry is None or sub.rejected_current or not sub.group.acking:
+            return None
+        binding = sub.binding
+        if binding is None:
+            binding = sub.binding = _Binding(sub, entry)
+        binding.pending += 1
+        position = binding.count
+        binding.count = position + 1
+        seq = self._next_seq
+        self._next_seq = seq + 1
+        self._bindings[seq] = binding
+        producer = sub.group.producer
+        mid = producer.message_id(entry.payload) if producer is not None else None
+        return BoundEvent(seq, mid, position)
+
+    def bind_pending_event(self, *, trigger_id: str, key: Hashable) -> int | None:
+        """Airflow's shape of :meth:`bind_event`: only the sequence number."""
+        bound = self.bind_event(trigger_id=trigger_id, key=key)
+        return None if bound is None else bound.seq
+
+    def confirm_persisted(self, seqs: Iterable[int]) -> None:
+        """The event store durably wrote these bound events."""
+        bindings = self._bindings
+        for seq in seqs:
+            binding = bindings.pop(seq, None)
+            if binding is None:
+                continue
+            binding.pending -= 1
+            if binding.pending == 0 and binding.moved and not binding.done:
+                binding.done = True
+                binding.sub.group.resolve(binding.entry, 0)
+
+    def _drop_bindings(self, group: _Group) -> None:
+        stale = [s for s, b in self._bindings.items() if b.sub.group is group]
+        for seq in stale:
+            del self._bindings[seq]
+
+    # -- groups
+
+    def _forget_group(self, group: _Group) -> None:
+        if self._groups.get(group.key) is group:
+            del self._groups[group.key]
+        for sub in group.members:
+            sub_key = (sub.trigger_id, group.key)
+            if self._subs.get(sub_key) is sub:
+                del self._subs[sub_key]
+        self._closing.add(group)
+
+    def group_stats(self) -> dict[Hashable, GroupStats]:
+        """Counters of the live groups, by key."""
+        return {key: g.stats for key, g in self._groups.items()}
+
+    def queue_depths(self) -> dict[tuple[Hashable, str], int]:
+        """Raw events waiting in each subscriber's queue."""
+        return {
+            (key, sub.trigger_id): len(sub.queue)
+            for key, g in self._groups.items()
+            for sub in g.members
+        }
+
+    def lane_heads_waiting(self) -> dict[Hashable, int]:
+        """Per group, lanes whose head event is not resolved yet."""
+        return {
+            key: sum(1 for q in g.lanes.values() if q and q[0].remaining > 0)
+            for key, g in self._groups.items()
+        }
+
+    def stop_polling(self) -> None:
+        """Stop every group's upstream pull; subscribers keep their books."""
+        for group in self._groups.values():
+            group.stop_polling()
+
+    async def stop_all(self) -> None:
+        """Stop every group: advance what is resolved, abandon the rest, close producers."""
+        for group in list(self._groups.values()):
+            group.close()  # first: events a filter is still working on are abandoned, not acked
+            for sub in group.members:
+                sub_key = (sub.trigger_id, group.key)
+                if self._subs.get(sub_key) is sub:
+                    del self._subs[sub_key]
+                group.detach(sub)
+            self._closing.add(group)
+        self._groups.clear()
+        for group in list(self._closing):
+            await self._finish(group)
