@@ -407,9 +407,7 @@ class _Group:
         grace = self.manager.cohort_grace_period
         if grace > 0:
             await asyncio.sleep(grace)
-        log.info(
-            "Shared stream group started key=%r subscribers=%d", self.key, len(self.members)
-        )
+        log.info("Shared stream group started key=%r subscribers=%d", self.key, len(self.members))
         if self.acking:
             assert self.producer is not None
             await self._poll_ack(self.producer)

@@ -11,7 +11,13 @@ from pydantic import BaseModel
 
 from ..producer import SharedStreamProducer
 
-__all__ = ["ENTRY_POINT_GROUP", "Connector", "UnknownConnector", "available_connectors", "load_connector"]
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "Connector",
+    "UnknownConnector",
+    "available_connectors",
+    "load_connector",
+]
 
 ENTRY_POINT_GROUP = "acklane.connectors"
 

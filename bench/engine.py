@@ -1,0 +1,240 @@
+"""Engine throughput: ack mode, one trigger event per raw event, 1/20/100 subscribers.
+
+Prints events/s, subscriber deliveries/s, p50/p99 broadcast-to-advance latency and
+peak memory, with confirmation done in memory and through the SQLite event store,
+next to a bare fan-out baseline (N asyncio queues, no bookkeeping) measured in the
+same process, and the engine's ratio to it.
+
+    uv run python bench/engine.py                 # the full table
+    uv run python bench/engine.py --subscribers 20 --deliveries 200000 --stores memory
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import sys
+import tempfile
+import time
+import tracemalloc
+from collections.abc import AsyncIterator, Hashable, Sequence
+from pathlib import Path
+from typing import Any
+
+from acklane.core import (
+    AdvanceItem,
+    BaseEventTrigger,
+    SharedStreamManager,
+    SharedStreamProducer,
+    TriggerEvent,
+)
+
+BATCH = 256  # raw events per upstream poll, like a broker client's batch
+
+
+class BenchProducer(SharedStreamProducer):
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.advanced = 0
+        self.done = asyncio.Event()
+
+    async def open_stream(self) -> AsyncIterator[tuple[Any, Any]]:
+        for i in range(self.total):
+            yield i, i
+            if i % BATCH == BATCH - 1:
+                await asyncio.sleep(0)
+        await asyncio.Event().wait()  # a shared stream never ends
+
+    async def advance(self, batch: Sequence[AdvanceItem]) -> None:
+        self.advanced += len(batch)
+        if self.advanced >= self.total:
+            self.done.set()
+
+    def message_id(self, broker_payload: Any) -> str | None:
+        return str(broker_payload)
+
+
+PRODUCERS: dict[str, BenchProducer] = {}
+
+
+class BenchTrigger(BaseEventTrigger):
+    def __init__(self, run: str) -> None:
+        self.run = run
+
+    def shared_stream_key(self) -> Hashable:
+        return ("bench", self.run)
+
+    @classmethod
+    def create_shared_stream_producer(cls, kwargs: dict[str, Any]) -> SharedStreamProducer:
+        return PRODUCERS[kwargs["run"]]
+
+    async def filter_shared_stream(self, stream: AsyncIterator[Any]) -> AsyncIterator[TriggerEvent]:
+        async for raw in stream:
+            yield TriggerEvent(raw)
+
+
+class RssSampler:
+    """Peak resident memory during a run, sampled from /proc."""
+
+    def __init__(self) -> None:
+        self.peak = self.start = _rss()
+
+    async def run(self) -> None:
+        while True:
+            self.peak = max(self.peak, _rss())
+            await asyncio.sleep(0.02)
+
+
+def _rss() -> int:
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except OSError:
+        return 0
+    return pages * 4096
+
+
+async def bare_fanout(n: int, total: int) -> float:
+    """N asyncio queues and a producer that puts every event on each: deliveries/s."""
+    queues: list[asyncio.Queue[int]] = [asyncio.Queue(maxsize=1024) for _ in range(n)]
+    done = asyncio.Event()
+    remaining = [n]
+
+    async def consume(q: asyncio.Queue[int]) -> None:
+        for _ in range(total):
+            await q.get()
+        remaining[0] -= 1
+        if remaining[0] == 0:
+            done.set()
+
+    async with asyncio.TaskGroup() as tg:
+        for q in queues:
+            tg.create_task(consume(q))
+        await asyncio.sleep(0)
+        start = time.perf_counter()
+        for i in range(total):
+            for q in queues:
+                q.put_nowait(i)
+            if i % BATCH == BATCH - 1:
+                await asyncio.sleep(0)
+        await done.wait()
+        elapsed = time.perf_counter() - start
+    return n * total / elapsed
+
+
+async def engine_run(
+    n: int, total: int, store_kind: str, run: str, *, record_latency: bool = True
+) -> dict[str, float]:
+    producer = PRODUCERS[run] = BenchProducer(total)
+    manager = SharedStreamManager(max_subscriber_queue=1024, ack_timeout=300.0)
+    triggers = [BenchTrigger(run) for _ in range(n)]
+    key = triggers[0].shared_stream_key()
+    store: Any = None
+    tmp = None
+    if store_kind == "sqlite":
+        from acklane.core.events import EventRecord, EventStore
+
+        tmp = tempfile.TemporaryDirectory()
+        store = EventStore(f"sqlite:///{tmp.name}/bench.db", on_confirmed=manager.confirm_persisted)
+        await store.open()
+        key_text = repr(key)
+
+    async def drive(i: int, trigger: BenchTrigger) -> None:
+        tid = f"w{i}"
+        bind = manager.bind_event
+        confirm = manager.confirm_persisted
+        async for event in manager.subscribe(trigger_id=tid, trigger=trigger, key=key):
+            bound = bind(trigger_id=tid, key=key)
+            assert bound is not None
+            if store is None:
+                confirm((bound.seq,))
+            else:
+                await store.put(
+                    EventRecord(tid, key_text, event.payload, bound.message_id, bound.position),
+                    bound.seq,
+                )
+
+    sampler = RssSampler()
+    gc.collect()
+    latencies: list[float] = []
+    async with asyncio.TaskGroup() as tg:
+        sample_task = tg.create_task(sampler.run())
+        tasks = [tg.create_task(drive(i, t)) for i, t in enumerate(triggers)]
+        await asyncio.sleep(0)
+        if record_latency:  # the bench's own list grows with events: off for the memory check
+            manager._groups[key].latencies = latencies
+        start = time.perf_counter()
+        await producer.done.wait()
+        elapsed = time.perf_counter() - start
+        for t in tasks:
+            t.cancel()
+        sample_task.cancel()
+    await manager.stop_all()
+    if store is not None:
+        await store.close()
+        assert tmp is not None
+        tmp.cleanup()
+    latencies.sort()
+    if not latencies:
+        latencies = [float("nan")]
+    return {
+        "events_s": total / elapsed,
+        "deliveries_s": n * total / elapsed,
+        "p50_ms": 1000 * latencies[len(latencies) // 2],
+        "p99_ms": 1000 * latencies[int(len(latencies) * 0.99)],
+        "peak_rss_mb": (sampler.peak - sampler.start) / 2**20,
+    }
+
+
+async def traced_peak(n: int, total: int) -> float:
+    """Peak Python heap (tracemalloc) of one in-memory run, in MiB."""
+    tracemalloc.start()
+    await engine_run(n, total, "memory", f"traced-{n}-{total}", record_latency=False)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    return peak / 2**20
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--subscribers", default="1,20,100")
+    parser.add_argument("--deliveries", type=int, default=1_000_000)
+    parser.add_argument("--stores", default="memory,sqlite")
+    parser.add_argument("--skip-memory-check", action="store_true")
+    args = parser.parse_args()
+    sizes = [int(x) for x in args.subscribers.split(",")]
+    stores = args.stores.split(",")
+    print(
+        f"python {sys.version.split()[0]}; ack mode, 1 trigger event per raw event; "
+        f"upstream batch {BATCH}; queue 1024"
+    )
+    header = (
+        f"{'subs':>4} {'confirm':>7} {'events/s':>10} {'deliv/s':>10} {'bare deliv/s':>12} "
+        f"{'ratio':>6} {'p50 ms':>8} {'p99 ms':>8} {'peak RSS MB':>11}"
+    )
+    print(header)
+    print("-" * len(header))
+    for n in sizes:
+        total = max(5000, args.deliveries // n)
+        bare = await bare_fanout(n, total)
+        for kind in stores:
+            total_k = total if kind == "memory" else max(5000, min(total, 200_000 // n))
+            r = await engine_run(n, total_k, kind, f"{kind}-{n}")
+            print(
+                f"{n:>4} {kind:>7} {r['events_s']:>10,.0f} {r['deliveries_s']:>10,.0f} "
+                f"{bare:>12,.0f} {r['deliveries_s'] / bare:>6.2f} {r['p50_ms']:>8.2f} "
+                f"{r['p99_ms']:>8.2f} {r['peak_rss_mb']:>11.1f}"
+            )
+    if not args.skip_memory_check:
+        n = 20
+        small, large = 2_000, 8_000
+        a = await traced_peak(n, small)
+        b = await traced_peak(n, large)
+        print(
+            f"memory bound check ({n} subs, tracemalloc peak): {small:,} events -> {a:.2f} MiB, "
+            f"{large:,} events -> {b:.2f} MiB (ratio {b / a:.2f}; bounded if ~1)"
+        )
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
