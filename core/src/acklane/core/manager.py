@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Hashable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -26,11 +26,17 @@ from .trigger import (
     current_window,
 )
 
-__all__ = ["BoundEvent", "GroupStats", "SharedStreamManager"]
+__all__ = ["AdvanceObserver", "BoundEvent", "FailureObserver", "GroupStats", "SharedStreamManager"]
 
 log = logging.getLogger("acklane.core.manager")
 
 _monotonic = time.monotonic
+
+
+#: Called after each successful ``advance`` with the group's key and the batch.
+AdvanceObserver = Callable[[Hashable, Sequence[AdvanceItem]], None]
+#: Called, synchronously, when a subscriber is force-failed: (key, trigger id, error).
+FailureObserver = Callable[[Hashable, str, BaseException], None]
 
 
 class BoundEvent(NamedTuple):
@@ -324,6 +330,9 @@ class _Group:
             sub.awaiting.clear()
         sub.queue.clear()
         sub.wake()
+        observer = self.manager.on_subscriber_failed
+        if observer is not None and self.error is None:
+            observer(self.key, sub.trigger_id, exc)
 
     # -- resolution and the pump
 
@@ -392,6 +401,12 @@ class _Group:
             stats.advance_batches += 1
             stats.advanced_events += len(batch)
             stats.advance_seconds += _monotonic() - started
+            observer = self.manager.on_advance
+            if observer is not None:
+                try:
+                    observer(self.key, batch)
+                except Exception:  # an observer must never break the ack channel
+                    log.exception("advance observer failed key=%r", self.key)
             q2 = lanes.get(lane)
             if q2 and q2[0].remaining == 0:
                 ready[lane] = None
@@ -629,6 +644,9 @@ class SharedStreamManager:
         max_subscriber_queue: int = 1024,
         ack_timeout: float = 300.0,
         cohort_grace_period: float = 0.0,
+        *,
+        on_advance: AdvanceObserver | None = None,
+        on_subscriber_failed: FailureObserver | None = None,
     ) -> None:
         if max_subscriber_queue < 1:
             raise ValueError("max_subscriber_queue must be at least 1")
@@ -637,6 +655,8 @@ class SharedStreamManager:
         self.max_subscriber_queue = max_subscriber_queue
         self.ack_timeout = ack_timeout
         self.cohort_grace_period = cohort_grace_period
+        self.on_advance = on_advance
+        self.on_subscriber_failed = on_subscriber_failed
         self._groups: dict[Hashable, _Group] = {}
         self._subs: dict[tuple[str, Hashable], _Subscriber] = {}
         self._bindings: dict[int, _Binding] = {}
@@ -647,7 +667,7 @@ class SharedStreamManager:
 
     async def subscribe(
         self, *, trigger_id: str, trigger: BaseEventTrigger, key: Hashable
-    ) -> AsyncIterator[TriggerEvent]:
+    ) -> AsyncGenerator[TriggerEvent, None]:
         """Join the group of ``key`` and yield what this trigger's filter makes of it."""
         if key is None:
             raise ValueError(f"trigger {trigger_id}: a None shared stream key cannot be shared")
@@ -665,6 +685,14 @@ class SharedStreamManager:
         try:
             async for event in trigger.filter_shared_stream(sub.raw_stream()):
                 yield event
+        except GeneratorExit:
+            raise  # closed by its consumer at a yield: an orderly unsubscribe
+        except BaseException as exc:
+            # A filter that crashed or was cancelled mid-event is not done with it:
+            # fail it out of what it holds (redelivered) instead of acking on leave.
+            if sub.failure is None and not group.frozen:
+                group.force_fail(sub, exc)
+            raise
         finally:
             self._detach(sub_key, sub)
 
@@ -769,6 +797,20 @@ class SharedStreamManager:
             key: sum(1 for q in g.lanes.values() if q and q[0].remaining > 0)
             for key, g in self._groups.items()
         }
+
+    def fail_group(self, key: Hashable, exc: BaseException) -> None:
+        """Fail the group of ``key`` now: nothing more is advanced; every member raises ``exc``."""
+        group = self._groups.get(key)
+        if group is not None:
+            group.fail(exc)
+
+    def idle(self) -> bool:
+        """True when no subscriber has a raw event queued or open (all wait for more)."""
+        return all(
+            not sub.queue and sub.current is None
+            for g in self._groups.values()
+            for sub in g.members
+        )
 
     def stop_polling(self) -> None:
         """Stop every group's upstream pull; subscribers keep their books."""

@@ -1,0 +1,308 @@
+"""The runner: builds watchers from a configuration and keeps them running.
+
+Watchers that share a stream key form a **cohort**. A cohort subscribes together
+(so every member is in the first event's snapshot) and, when any member fails
+(group failure, ack timeout, overflow, a crashing filter), the whole cohort is
+restarted together after a capped exponential backoff: a member that rejoined
+alone would miss what was broadcast while it was away, and the others would let
+the broker advance past it. On restart the broker redelivers from its last
+advanced position; the event store drops the duplicates.
+
+Shutdown (SIGINT/SIGTERM, or :meth:`Runner.request_stop`) is graceful and bounded
+by ``engine.shutdown_timeout``: stop pulling, let watchers finish what is queued,
+flush the event store (confirmations arrive), advance what is resolved, close the
+producers, close the stores.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import time
+from collections.abc import Hashable, Sequence
+from contextlib import aclosing
+from typing import TYPE_CHECKING, Any
+
+from .events import EventRecord, EventStore
+from .manager import SharedStreamManager
+from .producer import AdvanceItem
+from .trigger import TriggerEvent, reject_shared_stream_event
+from .watcher import WatcherTrigger, build_watchers
+
+if TYPE_CHECKING:
+    from .config import AcklaneConfig
+    from .stores import StateBackend
+
+__all__ = ["RunObserver", "Runner", "stream_key_text"]
+
+log = logging.getLogger("acklane.core.runner")
+
+
+def stream_key_text(key: Hashable) -> str:
+    """The text form of a shared stream key kept with each stored event."""
+    if isinstance(key, tuple):
+        return json.dumps(list(key), default=str, separators=(",", ":"))
+    return json.dumps(key, default=str)
+
+
+class RunObserver:
+    """Hooks for displays (the demo, progress bars); every method is optional."""
+
+    def fired(self, watcher: str, event: TriggerEvent, message_id: str | None) -> None:
+        """A watcher yielded a trigger event (before it is stored)."""
+
+    def advanced(self, key: Hashable, batch: Sequence[AdvanceItem]) -> None:
+        """The producer advanced the broker past a batch."""
+
+    def cohort_failed(self, key: Hashable, error: BaseException, delay: float) -> None:
+        """A cohort failed and restarts after ``delay`` seconds."""
+
+    def rejected_payload(self, watcher: str, error: Exception) -> None:
+        """A watcher yielded a payload that is not JSON; its raw event was rejected."""
+
+
+class _Cohort:
+    """The watchers of one stream key, subscribed and restarted together."""
+
+    def __init__(self, runner: Runner, key: Hashable, watchers: list[WatcherTrigger]) -> None:
+        self.runner = runner
+        self.key = key
+        self.key_text = stream_key_text(key)
+        self.watchers = watchers
+        self.delay = runner.config.engine.restart_backoff_initial
+
+    async def run(self) -> None:
+        engine = self.runner.config.engine
+        while not self.runner.stopping:
+            started = time.monotonic()
+            error = await self._attempt()
+            if self.runner.stopping:
+                return
+            if time.monotonic() - started > engine.restart_backoff_max:
+                self.delay = engine.restart_backoff_initial  # it ran well for a while
+            delay = self.delay
+            self.delay = min(self.delay * 2, engine.restart_backoff_max)
+            log.warning(
+                "Restarting watchers %s of key=%s in %.1fs: %s",
+                ", ".join(w.name for w in self.watchers),
+                self.key_text,
+                delay,
+                _why(error),
+            )
+            self.runner.observer.cohort_failed(self.key, error, delay)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay):
+                    await self.runner.stopped.wait()
+
+    async def _attempt(self) -> BaseException:
+        """Run every watcher until one fails; return why (the first failure)."""
+        first: list[BaseException] = []
+        tasks = [
+            asyncio.create_task(self._watch(w, first), name=f"acklane-watcher-{w.name}")
+            for w in self.watchers
+        ]
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        if first:
+            return first[0]
+        return RuntimeError("a watcher's filter returned; a watcher must run until stopped")
+
+    async def _watch(self, trigger: WatcherTrigger, first: list[BaseException]) -> None:
+        runner = self.runner
+        manager = runner.manager
+        store = runner.store
+        observer = runner.observer
+        name = trigger.name
+        key = self.key
+        key_text = self.key_text
+        try:
+            async with aclosing(manager.subscribe(trigger_id=name, trigger=trigger, key=key)) as it:
+                async for event in it:
+                    bound = manager.bind_event(trigger_id=name, key=key)
+                    message_id = None if bound is None else bound.message_id
+                    observer.fired(name, event, message_id)
+                    record = EventRecord(
+                        name,
+                        key_text,
+                        event.payload,
+                        message_id,
+                        0 if bound is None else bound.position,
+                    )
+                    try:
+                        await store.put(record, None if bound is None else bound.seq)
+                    except TypeError as exc:
+                        # Not JSON: it can never be stored. Dead-letter the raw event
+                        # (its binding window is still open) instead of looping on it.
+                        log.error(
+                            "Watcher %s yielded an event that cannot be stored: %s", name, exc
+                        )
+                        reject_shared_stream_event(reason=f"watcher {name}: {exc}")
+                        observer.rejected_payload(name, exc)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if not runner.stopping:
+                first.append(exc)
+
+
+def _why(error: BaseException) -> str:
+    text = str(error)
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+class Runner:
+    """Runs a configuration's watchers until stopped."""
+
+    def __init__(
+        self,
+        config: AcklaneConfig,
+        *,
+        observer: RunObserver | None = None,
+        handle_signals: bool = True,
+    ) -> None:
+        self.config = config
+        self.observer = observer or RunObserver()
+        self.handle_signals = handle_signals
+        self.stopping = False
+        self._stopped: asyncio.Event | None = None
+        self.manager = SharedStreamManager(
+            max_subscriber_queue=config.engine.subscriber_queue_size,
+            ack_timeout=config.engine.ack_timeout,
+            cohort_grace_period=config.engine.cohort_grace_period,
+            on_advance=self.observer.advanced,
+            on_subscriber_failed=self._on_subscriber_failed,
+        )
+        self._store: EventStore | None = None
+        self.state_backend: StateBackend | None = None
+        self.watchers = build_watchers(config)
+
+    @property
+    def stopped(self) -> asyncio.Event:
+        if self._stopped is None:
+            self._stopped = asyncio.Event()
+        return self._stopped
+
+    @property
+    def store(self) -> EventStore:
+        if self._store is None:
+            raise RuntimeError("the runner is not running")
+        return self._store
+
+    def _on_subscriber_failed(self, key: Hashable, trigger_id: str, exc: BaseException) -> None:
+        # The failed watcher is out of every later snapshot: if its siblings went on,
+        # the broker would advance past events it never saw. Fail the whole group at
+        # once (nothing more is advanced) and let the cohort restart together.
+        if not self.stopping:
+            self.manager.fail_group(key, exc)
+
+    def request_stop(self) -> None:
+        """Begin a graceful shutdown (idempotent; safe from a signal handler)."""
+        if not self.stopping:
+            log.info(
+                "Stopping: finishing what is in flight (at most %.0fs)",
+                self.config.engine.shutdown_timeout,
+            )
+        self.stopping = True
+        self.stopped.set()
+
+    def _cohorts(self) -> list[_Cohort]:
+        by_key: dict[Hashable, list[WatcherTrigger]] = {}
+        for w in self.watchers:
+            by_key.setdefault(w.shared_stream_key(), []).append(w)
+        return [_Cohort(self, key, ws) for key, ws in by_key.items()]
+
+    def _attach_asset_stores(self) -> None:
+        if not any(w.asset for w in self.watchers):
+            return
+        from .stores import AssetStore, open_backend
+
+        self.state_backend = open_backend(self.config.store.url, self.config.state)
+        for w in self.watchers:
+            if w.asset:
+                w.asset_store = AssetStore(
+                    asset=w.asset, backend=self.state_backend, writer="watcher"
+                )
+
+    async def run(self) -> None:
+        """Run until :meth:`request_stop` or a signal; then shut down gracefully."""
+        loop = asyncio.get_running_loop()
+        installed: list[signal.Signals] = []
+        if self.handle_signals:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                with contextlib.suppress(NotImplementedError, RuntimeError):
+                    loop.add_signal_handler(sig, self._on_signal)
+                    installed.append(sig)
+        store = EventStore(
+            self.config.store.url,
+            on_confirmed=self.manager.confirm_persisted,
+            commit_interval=self.config.store.commit_interval_ms / 1000.0,
+        )
+        await store.open()
+        self._store = store
+        try:
+            self._attach_asset_stores()
+            cohorts = self._cohorts()
+            for c in cohorts:
+                log.info(
+                    "Watching key=%s with %s", c.key_text, ", ".join(w.name for w in c.watchers)
+                )
+            async with asyncio.TaskGroup() as tg:
+                tasks = [
+                    tg.create_task(c.run(), name=f"acklane-cohort-{c.key_text}") for c in cohorts
+                ]
+                if self.state_backend is not None:
+                    gc_task = tg.create_task(self._gc_forever())
+                await self.stopped.wait()
+                await self._shutdown(tasks)
+                if self.state_backend is not None:
+                    gc_task.cancel()
+        finally:
+            for sig in installed:
+                loop.remove_signal_handler(sig)
+            await store.close()
+            self._store = None
+            if self.state_backend is not None:
+                await self.state_backend.aclose()
+
+    async def _gc_forever(self) -> None:
+        assert self.state_backend is not None
+        await self.state_backend.run_gc_forever()
+
+    def _on_signal(self) -> None:
+        if self.stopping:
+            log.warning("Second signal: stopping now; unadvanced messages will be redelivered")
+            for task in asyncio.all_tasks():
+                if task.get_name().startswith("acklane-"):
+                    task.cancel()
+            return
+        self.request_stop()
+
+    async def _shutdown(self, cohort_tasks: list[asyncio.Task[None]]) -> None:
+        manager = self.manager
+        manager.stop_polling()
+        try:
+            async with asyncio.timeout(self.config.engine.shutdown_timeout):
+                while not manager.idle():
+                    await asyncio.sleep(0.01)  # noqa: ASYNC110 - idleness has no event
+                await self.store.flush()
+        except TimeoutError:
+            log.warning(
+                "Shutdown timeout (%.0fs): what is still in flight will be redelivered",
+                self.config.engine.shutdown_timeout,
+            )
+        await manager.stop_all()
+        for task in cohort_tasks:
+            task.cancel()
+
+    async def __aenter__(self) -> Runner:  # pragma: no cover - convenience
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:  # pragma: no cover
+        self.request_stop()
