@@ -289,8 +289,8 @@ class Runner:
         manager.stop_polling()
         try:
             async with asyncio.timeout(self.config.engine.shutdown_timeout):
-                while not manager.idle():
-                    await asyncio.sleep(0.01)  # noqa: ASYNC110 - idleness has no event
+                while not manager.idle():  # noqa: ASYNC110 - idleness has no event to wait on
+                    await asyncio.sleep(0.01)
                 await self.store.flush()
         except TimeoutError:
             log.warning(
