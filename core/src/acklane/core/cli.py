@@ -109,3 +109,7 @@ _add_subcommands()
 
 def main() -> None:
     app()
+
+
+if __name__ == "__main__":
+    main()
