@@ -208,8 +208,16 @@ class _Subscriber:
         loop = asyncio.get_running_loop()
         try:
             while True:
-                if self.current is not None:
-                    self.move_past()
+                entry = self.current
+                if entry is not None:
+                    binding = self.binding
+                    if binding is not None and binding.pending == 0 and not self.rejected_current:
+                        # the common case, inlined: every yield already confirmed
+                        self.current = self.binding = None
+                        binding.moved = binding.done = True
+                        self.group.resolve(entry, 0)
+                    else:
+                        self.move_past()
                 if self.failure is not None:
                     raise self.failure
                 if not queue:
@@ -231,6 +239,8 @@ class _Subscriber:
         finally:
             self.waiter = None
 
+
+_new_tuple = tuple.__new__  # builds a BoundEvent without NamedTuple's Python-level __new__
 
 _CLEAN_CACHE: dict[tuple[int, int, int], AdvanceOutcome] = {}
 
@@ -659,6 +669,8 @@ class SharedStreamManager:
         self.on_subscriber_failed = on_subscriber_failed
         self._groups: dict[Hashable, _Group] = {}
         self._subs: dict[tuple[str, Hashable], _Subscriber] = {}
+        # trigger id -> [(key, subscriber)]: bind_event's lookup without hashing the key
+        self._by_trigger: dict[str, list[tuple[Hashable, _Subscriber]]] = {}
         self._bindings: dict[int, _Binding] = {}
         self._next_seq = 1
         self._closing: set[_Group] = set()
@@ -681,7 +693,7 @@ class SharedStreamManager:
             self._groups[key] = group
             group.start()
         sub = group.attach(trigger_id, trigger)
-        self._subs[sub_key] = sub
+        self._register(sub_key, sub)
         try:
             async for event in trigger.filter_shared_stream(sub.raw_stream()):
                 yield event
@@ -696,9 +708,23 @@ class SharedStreamManager:
         finally:
             self._detach(sub_key, sub)
 
+    def _register(self, sub_key: tuple[str, Hashable], sub: _Subscriber) -> None:
+        self._subs[sub_key] = sub
+        self._by_trigger.setdefault(sub_key[0], []).append((sub_key[1], sub))
+
+    def _unregister(self, sub_key: tuple[str, Hashable], sub: _Subscriber) -> None:
+        if self._subs.get(sub_key) is not sub:
+            return
+        del self._subs[sub_key]
+        trigger_id = sub_key[0]
+        remaining = [(k, s) for k, s in self._by_trigger.get(trigger_id, ()) if s is not sub]
+        if remaining:
+            self._by_trigger[trigger_id] = remaining
+        else:
+            self._by_trigger.pop(trigger_id, None)
+
     def _detach(self, sub_key: tuple[str, Hashable], sub: _Subscriber) -> _Group | None:
-        if self._subs.get(sub_key) is sub:
-            del self._subs[sub_key]
+        self._unregister(sub_key, sub)
         group = sub.group
         group.detach(sub)
         if not group.members and group.error is None and self._groups.get(group.key) is group:
@@ -727,11 +753,19 @@ class SharedStreamManager:
 
     def bind_event(self, *, trigger_id: str, key: Hashable) -> BoundEvent | None:
         """Bind the trigger's just-yielded event to the raw event whose window is open."""
-        sub = self._subs.get((trigger_id, key))
-        if sub is None:
+        subs = self._by_trigger.get(trigger_id)
+        if subs is None:
+            return None
+        for k, sub in subs:  # almost always one: a trigger id is usually on one key
+            if k is key or k == key:
+                break
+        else:
             return None
         entry = sub.current
-        if entry is None or sub.rejected_current or not sub.group.acking:
+        if entry is None or sub.rejected_current:
+            return None
+        group = sub.group
+        if not group.acking:
             return None
         binding = sub.binding
         if binding is None:
@@ -742,9 +776,9 @@ class SharedStreamManager:
         seq = self._next_seq
         self._next_seq = seq + 1
         self._bindings[seq] = binding
-        producer = sub.group.producer
+        producer = group.producer
         mid = producer.message_id(entry.payload) if producer is not None else None
-        return BoundEvent(seq, mid, position)
+        return _new_tuple(BoundEvent, (seq, mid, position))
 
     def bind_pending_event(self, *, trigger_id: str, key: Hashable) -> int | None:
         """Airflow's shape of :meth:`bind_event`: only the sequence number."""
@@ -775,8 +809,7 @@ class SharedStreamManager:
             del self._groups[group.key]
         for sub in group.members:
             sub_key = (sub.trigger_id, group.key)
-            if self._subs.get(sub_key) is sub:
-                del self._subs[sub_key]
+            self._unregister(sub_key, sub)
         self._closing.add(group)
 
     def group_stats(self) -> dict[Hashable, GroupStats]:
@@ -823,8 +856,7 @@ class SharedStreamManager:
             group.close()  # first: events a filter is still working on are abandoned, not acked
             for sub in group.members:
                 sub_key = (sub.trigger_id, group.key)
-                if self._subs.get(sub_key) is sub:
-                    del self._subs[sub_key]
+                self._unregister(sub_key, sub)
                 group.detach(sub)
             self._closing.add(group)
         self._groups.clear()
