@@ -126,7 +126,9 @@ async def engine_run(
     n: int, total: int, store_kind: str, run: str, *, record_latency: bool = True
 ) -> dict[str, float]:
     producer = PRODUCERS[run] = BenchProducer(total)
-    manager = SharedStreamManager(max_subscriber_queue=1024, ack_timeout=300.0)
+    # "pause": when the store is slower than the upstream, the poll waits for room
+    # instead of failing the subscriber (the runner's default)
+    manager = SharedStreamManager(max_subscriber_queue=1024, ack_timeout=300.0, overflow="pause")
     triggers = [BenchTrigger(run) for _ in range(n)]
     key = triggers[0].shared_stream_key()
     store: Any = None

@@ -632,3 +632,40 @@ async def test_standalone_trigger_with_none_key_is_not_shared() -> None:
     key: Hashable = t.shared_stream_key()
     assert key is None
     assert [e.payload async for e in t.run()] == ["x"]
+
+
+# -- overflow="pause" (acklane's option) ----------------------------------------------
+
+
+async def test_pause_mode_waits_for_room_instead_of_failing_a_slow_subscriber(
+    up: Upstream,
+) -> None:
+    manager = SharedStreamManager(max_subscriber_queue=2, ack_timeout=30.0, overflow="pause")
+    gate = Gate()
+    slow = Watcher(manager, "slow", AckTrigger(up.name, gate)).start()
+    fast = Watcher(manager, "fast", AckTrigger(up.name)).start()
+    await settle()
+    up.push(*range(1, 8))
+    await settle(50)
+    # slow holds 1 and has 2, 3 queued: the poll waits instead of overflowing it
+    assert fast.events == [1, 2, 3]
+    assert manager.group_stats()[("fake", up.name)].pauses >= 1
+    for i in range(1, 8):
+        gate.release(i)
+    await eventually(lambda: len(up.items) == 7)
+    assert slow.error is None
+    assert all(o == (2, 0, 0) for o in up.outcomes().values())
+    await manager.stop_all()
+
+
+async def test_pause_mode_still_fails_a_stuck_subscriber_by_ack_timeout(up: Upstream) -> None:
+    manager = SharedStreamManager(max_subscriber_queue=2, ack_timeout=0.2, overflow="pause")
+    stuck = Watcher(manager, "stuck", AckTrigger(up.name, Gate())).start()
+    ok = Watcher(manager, "ok", AckTrigger(up.name)).start()
+    await settle()
+    up.push(*range(1, 6))
+    await eventually(lambda: len(up.items) == 5)  # the poll resumed once stuck was failed
+    assert ok.events == [1, 2, 3, 4, 5]
+    assert up.outcomes()[1] == (1, 1, 0)
+    assert stuck.task is not None and not stuck.task.done()  # still inside its filter
+    await manager.stop_all()

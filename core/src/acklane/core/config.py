@@ -23,7 +23,7 @@ import typing
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Final, NamedTuple, Union
+from typing import Annotated, Any, Final, Literal, NamedTuple, Union
 
 import yaml
 from pydantic import (
@@ -126,6 +126,9 @@ class EngineSettings(_Settings):
     ack_timeout: float = Field(default=300.0, gt=0)
     subscriber_queue_size: int = Field(default=1024, ge=1)
     cohort_grace_period: float = Field(default=0.0, ge=0)
+    #: What a full subscriber queue does: "pause" the poll until it drains (a stuck
+    #: watcher is still failed by ack_timeout), or "fail" that watcher (Airflow's rule).
+    overflow: Literal["pause", "fail"] = "pause"
     restart_backoff_initial: float = Field(default=1.0, gt=0)
     restart_backoff_max: float = Field(default=60.0, gt=0)
     shutdown_timeout: float = Field(default=30.0, gt=0)

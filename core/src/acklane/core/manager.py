@@ -14,7 +14,7 @@ import time
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from .producer import AdvanceItem, AdvanceOutcome, SharedStreamProducer
 from .trigger import (
@@ -56,6 +56,7 @@ class GroupStats:
     failed: int = 0
     rejected: int = 0
     unclaimed: int = 0  # broadcast to an empty snapshot
+    pauses: int = 0  # overflow="pause": times the poll waited for a full queue
     advance_batches: int = 0
     advanced_events: int = 0
     advance_seconds: float = 0.0
@@ -234,6 +235,9 @@ class _Subscriber:
                         continue
                 entry = queue.popleft()
                 self.current = entry
+                group = self.group
+                if group.room_for is self and len(queue) <= group.low_water:
+                    group.wake_poll()
                 current_window.set(self)
                 yield entry.raw
         finally:
@@ -283,6 +287,12 @@ class _Group:
         self.stats = GroupStats()
         self.latencies: list[float] | None = None  # broadcast-to-advance, when sampled
         self._pump_wake = asyncio.Event()
+        # overflow="pause": the poll waits while a member's queue is full, until it
+        # drains to the low-water mark (or the member leaves or is failed).
+        self.pausing = manager.overflow == "pause"
+        self.low_water = manager.max_subscriber_queue // 2
+        self.room_for: _Subscriber | None = None
+        self._room: asyncio.Future[None] | None = None
         self._polling = True
         self._closing = False
         self._poll_task: asyncio.Task[None] | None = None
@@ -298,6 +308,29 @@ class _Group:
     def _remove_member(self, sub: _Subscriber) -> None:
         if sub in self.members:
             self.members = tuple(m for m in self.members if m is not sub)
+        if self.room_for is sub:
+            self.wake_poll()
+
+    def wake_poll(self) -> None:
+        """The member the paused poll waits for has room again (or is gone)."""
+        room = self._room
+        self.room_for = None
+        if room is not None and not room.done():
+            room.set_result(None)
+
+    async def _wait_for_room(self, maxq: int) -> None:
+        while True:
+            full = next((s for s in self.members if len(s.queue) >= maxq), None)
+            if full is None:
+                return
+            self.stats.pauses += 1
+            self._room = asyncio.get_running_loop().create_future()
+            self.room_for = full
+            try:
+                await self._room
+            finally:
+                self._room = None
+                self.room_for = None
 
     def detach(self, sub: _Subscriber) -> None:
         """The subscriber leaves: unread events fail; the one it is on counts as moved past."""
@@ -482,6 +515,7 @@ class _Group:
                     if lane_q[0] is entry:
                         self._lane_ready(entry)
                     continue
+                filled = False
                 for sub in members:
                     queue = sub.queue
                     if len(queue) >= maxq:
@@ -491,6 +525,10 @@ class _Group:
                     queue.append(entry)
                     if sub.waiter is not None:
                         sub.wake()
+                    if len(queue) >= maxq:
+                        filled = True
+                if filled and self.pausing:
+                    await self._wait_for_room(maxq)
         finally:
             await _aclose_iter(stream)
 
@@ -655,6 +693,7 @@ class SharedStreamManager:
         ack_timeout: float = 300.0,
         cohort_grace_period: float = 0.0,
         *,
+        overflow: Literal["fail", "pause"] = "fail",
         on_advance: AdvanceObserver | None = None,
         on_subscriber_failed: FailureObserver | None = None,
     ) -> None:
@@ -665,6 +704,12 @@ class SharedStreamManager:
         self.max_subscriber_queue = max_subscriber_queue
         self.ack_timeout = ack_timeout
         self.cohort_grace_period = cohort_grace_period
+        if overflow not in ("fail", "pause"):
+            raise ValueError(f"overflow must be 'fail' or 'pause', not {overflow!r}")
+        #: "fail" (Airflow's rule): a full queue force-fails its subscriber. "pause"
+        #: (acklane's option): the poll waits for room instead; a stuck subscriber is
+        #: still failed, by the ack timeout.
+        self.overflow = overflow
         self.on_advance = on_advance
         self.on_subscriber_failed = on_subscriber_failed
         self._groups: dict[Hashable, _Group] = {}
@@ -756,7 +801,7 @@ class SharedStreamManager:
         subs = self._by_trigger.get(trigger_id)
         if subs is None:
             return None
-        for k, sub in subs:  # almost always one: a trigger id is usually on one key
+        for k, sub in subs:  # noqa: B007 - almost always one: a trigger id is on one key
             if k is key or k == key:
                 break
         else:

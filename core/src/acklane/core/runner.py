@@ -176,6 +176,7 @@ class Runner:
             max_subscriber_queue=config.engine.subscriber_queue_size,
             ack_timeout=config.engine.ack_timeout,
             cohort_grace_period=config.engine.cohort_grace_period,
+            overflow=config.engine.overflow,
             on_advance=self.observer.advanced,
             on_subscriber_failed=self._on_subscriber_failed,
         )
