@@ -1,0 +1,129 @@
+"""One batch, one INSERT that skips duplicates: the statement each backend runs fastest.
+
+SQLAlchemy builds the table and the reads; the hot write goes to the driver as a
+pre-built statement (``exec_driver_sql``), because compiling and processing
+parameters row by row costs more than the database itself at tens of thousands
+of rows a second.
+
+- SQLite: one multi-row ``INSERT ... VALUES (...), (...) ON CONFLICT DO NOTHING``
+  per batch (split only past SQLite's bound-parameter limit). One statement is
+  parsed once and runs the index updates in one pass; measured 1.5x faster than
+  ``executemany`` of a one-row INSERT.
+- PostgreSQL: the batch is streamed with COPY into a session-local temporary
+  staging table (emptied at each commit), then moved by one
+  ``INSERT ... SELECT ... ON CONFLICT DO NOTHING``. Measured (psycopg 3,
+  PostgreSQL 15, same machine) 1.3-2x faster than psycopg's pipelined
+  ``executemany`` of a one-row INSERT, and faster still than one multi-row
+  VALUES statement or ``unnest`` of arrays.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from datetime import datetime
+from functools import lru_cache
+from itertools import chain
+from typing import Protocol
+
+from sqlalchemy.engine import Dialect
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from ._model import EncodedRow
+from ._schema import INSERT_COLUMNS, events_table
+
+__all__ = ["BatchInsert", "batch_insert_for"]
+
+_WIDTH = len(INSERT_COLUMNS)
+# SQLITE_MAX_VARIABLE_NUMBER: 32766 since SQLite 3.32, 999 before.
+_SQLITE_MAX_PARAMS = 32766 if sqlite3.sqlite_version_info >= (3, 32) else 999
+_STAGE_TABLE = "acklane_trigger_events_stage"
+
+
+class BatchInsert(Protocol):
+    """Write ``rows`` (all stamped ``created_at``) inside the caller's transaction.
+
+    Returns how many rows were new (the others were duplicates), or -1 when the
+    driver does not say.
+    """
+
+    async def __call__(
+        self, conn: AsyncConnection, rows: Sequence[EncodedRow], created_at: datetime
+    ) -> int: ...
+
+
+def batch_insert_for(dialect: Dialect) -> BatchInsert:
+    if dialect.name == "sqlite":
+        return _SqliteInsert(dialect)
+    if dialect.name == "postgresql":
+        return _PostgresCopyInsert(dialect)
+    raise ValueError(f"the event store supports SQLite and PostgreSQL URLs, not {dialect.name!r}")
+
+
+def _head(dialect: Dialect) -> str:
+    prep = dialect.identifier_preparer
+    columns = ", ".join(prep.quote(name) for name in INSERT_COLUMNS)
+    return f"INSERT INTO {prep.format_table(events_table)} ({columns}) VALUES "
+
+
+class _SqliteInsert:
+    def __init__(self, dialect: Dialect) -> None:
+        head = _head(dialect)
+        group = "(" + ", ".join("?" * _WIDTH) + ")"
+
+        @lru_cache(maxsize=64)
+        def statement(n_rows: int) -> str:
+            return head + ",".join([group] * n_rows) + " ON CONFLICT DO NOTHING"
+
+        self._statement = statement
+        self._rows_per_statement = _SQLITE_MAX_PARAMS // _WIDTH
+
+    async def __call__(
+        self, conn: AsyncConnection, rows: Sequence[EncodedRow], created_at: datetime
+    ) -> int:
+        # The text form SQLAlchemy's DateTime keeps on SQLite (naive; the store writes UTC).
+        stamp = created_at.replace(tzinfo=None).isoformat(sep=" ", timespec="microseconds")
+        inserted = 0
+        step = self._rows_per_statement
+        for start in range(0, len(rows), step):
+            chunk = rows[start : start + step]
+            params = tuple(chain.from_iterable((*row, stamp) for row in chunk))
+            result = await conn.exec_driver_sql(self._statement(len(chunk)), params)
+            inserted += result.rowcount
+        return inserted
+
+
+class _PostgresCopyInsert:
+    """COPY the batch into a session-local staging table, then one INSERT ... SELECT."""
+
+    def __init__(self, dialect: Dialect) -> None:
+        prep = dialect.identifier_preparer
+        staged = ", ".join(prep.quote(name) for name in INSERT_COLUMNS[:-1])
+        columns = ", ".join(prep.quote(name) for name in INSERT_COLUMNS)
+        stage = prep.quote(_STAGE_TABLE)
+        # Durable confirmations even on a server set to synchronous_commit=off; and a
+        # staging table created in the batch's own transaction, so that a rollback can
+        # never leave a connection believing in a table it does not have.
+        self._prepare = (
+            "SET LOCAL synchronous_commit TO on; "
+            f"CREATE TEMPORARY TABLE IF NOT EXISTS {stage} (trigger_id text, stream_key text, "
+            "payload text, message_id text, position integer) ON COMMIT DELETE ROWS"
+        )
+        self._copy = f"COPY {stage} ({staged}) FROM STDIN"
+        self._insert = (
+            f"INSERT INTO {prep.format_table(events_table)} ({columns}) "
+            f"SELECT {staged}, %s FROM {stage} ON CONFLICT DO NOTHING"
+        )
+
+    async def __call__(
+        self, conn: AsyncConnection, rows: Sequence[EncodedRow], created_at: datetime
+    ) -> int:
+        await conn.exec_driver_sql(self._prepare)
+        raw = (await conn.get_raw_connection()).driver_connection  # psycopg.AsyncConnection
+        if raw is None:
+            raise ConnectionError("the PostgreSQL connection is closed")
+        async with raw.cursor() as cursor, cursor.copy(self._copy) as copy:
+            for row in rows:
+                await copy.write_row(row)
+        result = await conn.exec_driver_sql(self._insert, (created_at,))
+        return result.rowcount

@@ -1,0 +1,211 @@
+"""What the event store takes and gives back, and the checks a record passes at ``put``."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, NoReturn
+
+__all__ = [
+    "EncodedRow",
+    "EventRecord",
+    "StoredEvent",
+    "encode_record",
+    "storable_message_id",
+]
+
+# The largest value of the INTEGER ``position`` column on both backends.
+_MAX_POSITION = 2**31 - 1
+# The indexed text columns stay well below PostgreSQL's b-tree entry limit (~2.7 kB).
+MAX_TRIGGER_ID_BYTES = 512
+MAX_MESSAGE_ID_BYTES = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class EventRecord:
+    """One trigger event to persist, bound to the upstream message it came from."""
+
+    trigger_id: str
+    #: Text form of the shared stream key.
+    stream_key: str
+    #: A JSON value (dict, list, str, int, float, bool, None).
+    payload: Any
+    #: Upstream message identity (Kafka topic/partition/offset, SQS MessageId...), or None.
+    message_id: str | None
+    #: 0-based index among the trigger events this trigger yielded for that message.
+    position: int
+
+
+@dataclass(frozen=True, slots=True)
+class StoredEvent:
+    """One persisted trigger event, as read back from the store."""
+
+    id: int
+    trigger_id: str
+    stream_key: str
+    payload: Any
+    message_id: str | None
+    position: int
+    #: When the batch holding the event was written (tz-aware, UTC).
+    created_at: datetime
+
+
+# A record ready for the INSERT: (trigger_id, stream_key, payload JSON, message_id, position).
+EncodedRow = tuple[str, str, str, str | None, int]
+
+
+def encode_record(record: EventRecord) -> EncodedRow:
+    """Check a record and serialize its payload; raise before anything is queued.
+
+    A payload that is not a JSON value raises :class:`TypeError` naming the trigger
+    and the offending type (and where in the payload it sits). Text fields must be
+    strings that every backend can store (valid UTF-8, no NUL character), so that a
+    batch can never be refused by the database for its content and block the writer.
+    """
+    if not isinstance(record, EventRecord):
+        raise TypeError(f"EventStore.put() takes an EventRecord, not {type(record).__qualname__}")
+    trigger_id = record.trigger_id
+    _check_text("trigger_id", trigger_id, trigger_id, max_bytes=MAX_TRIGGER_ID_BYTES)
+    if not trigger_id:
+        raise ValueError("trigger_id must not be empty")
+    _check_text("stream_key", record.stream_key, trigger_id, max_bytes=None)
+    message_id = record.message_id
+    if message_id is not None:
+        if not isinstance(message_id, str):
+            raise TypeError(
+                f"trigger {trigger_id!r}: message_id must be a str or None, "
+                f"not {type(message_id).__qualname__}"
+            )
+        message_id = storable_message_id(message_id)
+    position = record.position
+    if type(position) is not int or not 0 <= position <= _MAX_POSITION:
+        raise ValueError(
+            f"trigger {trigger_id!r}: position must be an int in [0, {_MAX_POSITION}], "
+            f"not {position!r}"
+        )
+    payload = record.payload
+    try:
+        text = _ENCODER.encode(payload)
+    except (TypeError, ValueError, RecursionError):
+        # not serializable, NaN/Infinity, a non-str key json refuses, circular, too deep
+        _payload_error(trigger_id, payload)
+    # json.dumps quietly turns tuples into arrays and int/float/bool/None keys into
+    # strings; a read would then give back something else than was put. Refuse them.
+    try:
+        strict = _is_strict_json(payload)
+    except RecursionError:
+        strict = False
+    if not strict:
+        _payload_error(trigger_id, payload)
+    return (trigger_id, record.stream_key, text, message_id, position)
+
+
+def _refuse(obj: object) -> NoReturn:
+    raise TypeError(type(obj).__qualname__)
+
+
+# One encoder for all: json.dumps with options builds a new one per call.
+_ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"), default=_refuse)
+
+
+def storable_message_id(message_id: str) -> str:
+    """``message_id`` itself, or ``sha256:<hex>`` of it when the database could not
+    store or index it (longer than MAX_MESSAGE_ID_BYTES, a NUL, broken unicode).
+
+    The id only serves equality, and the digest keeps it: a redelivered copy still
+    maps to the same row, and no broker's odd id can make a batch fail forever.
+    """
+    if message_id.isascii():
+        if len(message_id) <= MAX_MESSAGE_ID_BYTES and "\x00" not in message_id:
+            return message_id
+        raw = message_id.encode("ascii")
+    else:
+        try:
+            raw = message_id.encode("utf-8")
+            if len(raw) <= MAX_MESSAGE_ID_BYTES and "\x00" not in message_id:
+                return message_id
+        except UnicodeEncodeError:
+            raw = message_id.encode("utf-8", "surrogatepass")
+    return "sha256:" + hashlib.sha256(raw).hexdigest()
+
+
+def _check_text(field: str, value: object, trigger_id: object, *, max_bytes: int | None) -> None:
+    if not isinstance(value, str):
+        raise TypeError(
+            f"trigger {trigger_id!r}: {field} must be a str, not {type(value).__qualname__}"
+        )
+    if "\x00" in value:
+        raise ValueError(f"trigger {trigger_id!r}: {field} contains a NUL character")
+    size = len(value)
+    if not value.isascii():
+        try:
+            size = len(value.encode("utf-8"))
+        except UnicodeEncodeError as exc:
+            raise ValueError(
+                f"trigger {trigger_id!r}: {field} is not valid unicode text ({exc.reason})"
+            ) from None
+    if max_bytes is not None and size > max_bytes:
+        raise ValueError(
+            f"trigger {trigger_id!r}: {field} is {size} bytes long, more than {max_bytes}"
+        )
+
+
+_SCALARS = frozenset((str, int, float, bool, type(None)))
+
+
+def _is_strict_json(value: Any) -> bool:
+    """False when ``value`` holds a tuple or a non-str dict key (json.dumps took it already)."""
+    kind = type(value)
+    if kind in _SCALARS:
+        return True
+    if kind is dict or isinstance(value, dict):
+        for key, child in value.items():
+            if type(key) is not str and not isinstance(key, str):
+                return False
+            if type(child) not in _SCALARS and not _is_strict_json(child):
+                return False
+        return True
+    if kind is list or isinstance(value, list):
+        for child in value:
+            if type(child) not in _SCALARS and not _is_strict_json(child):
+                return False
+        return True
+    # str/int/float subclasses (enums...) were accepted by json.dumps: fine.
+    return not isinstance(value, tuple)
+
+
+def _payload_error(trigger_id: str, payload: Any) -> NoReturn:
+    path, reason = _find_non_json(payload, "payload", 0) or ("payload", "cannot be serialized")
+    raise TypeError(
+        f"trigger {trigger_id!r}: payload is not a JSON value: {path} {reason} "
+        "(allowed: dict with str keys, list, str, int, finite float, bool, None)"
+    ) from None
+
+
+def _find_non_json(value: Any, path: str, depth: int) -> tuple[str, str] | None:
+    """Where the first non-JSON part of ``value`` sits and what it is, e.g.
+    ``("payload['rows'][3]", "is a datetime")``."""
+    if depth > 200:
+        return path, "nests deeper than 200 levels (circular?)"
+    if value is None or isinstance(value, str | bool | int):
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else (path, f"is a float {value!r}")
+    if isinstance(value, dict):
+        for key, child in value.items():
+            if not isinstance(key, str):
+                return path, f"has a key {key!r} of type {type(key).__qualname__}"
+            found = _find_non_json(child, f"{path}[{key!r}]", depth + 1)
+            if found:
+                return found
+        return None
+    if isinstance(value, list):
+        for index, child in enumerate(value):
+            found = _find_non_json(child, f"{path}[{index}]", depth + 1)
+            if found:
+                return found
+        return None
+    return path, f"is a {type(value).__qualname__}"

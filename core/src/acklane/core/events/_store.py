@@ -1,0 +1,451 @@
+"""The event store: every trigger event is committed before its raw event may be acked.
+
+``put`` checks and serializes a record and queues it without suspending. One
+writer task (owned by the store) takes what is queued, lingers at most
+``commit_interval`` for more, writes the batch in one transaction with one
+duplicate-skipping INSERT, commits, and only then calls ``on_confirmed`` with
+the batch's binding numbers. A failed transaction is rolled back, confirms
+nothing, and is retried with capped exponential backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator, Sequence
+from contextlib import AbstractAsyncContextManager, nullcontext
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from types import TracebackType
+from typing import Literal
+
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from ..sql import DEFAULT_URL, async_engine
+from ._insert import BatchInsert, batch_insert_for
+from ._model import EncodedRow, EventRecord, StoredEvent, encode_record
+from ._reader import EventReader
+from ._schema import create_tables
+
+__all__ = [
+    "BeforeCommitHook",
+    "ConfirmCallback",
+    "EventStore",
+    "EventStoreStats",
+    "backoff",
+    "display_url",
+]
+
+log = logging.getLogger("acklane.core.events")
+
+ConfirmCallback = Callable[[Sequence[int]], None]
+BeforeCommitHook = Callable[[AsyncConnection], Awaitable[None]]
+
+_State = Literal["new", "open", "closing", "closed"]
+
+
+@dataclass(slots=True)
+class EventStoreStats:
+    """Counters of one store's writer since it opened (read them, don't write them)."""
+
+    #: Transactions committed; each holds one batch.
+    batches: int = 0
+    #: Records committed and confirmed (new rows plus duplicates).
+    events: int = 0
+    #: New rows written.
+    inserted: int = 0
+    #: Records that were already stored (a redelivered copy): confirmed, not written again.
+    duplicates: int = 0
+    #: Transactions that failed and were rolled back (each is retried).
+    failed_attempts: int = 0
+    #: The most records one transaction held.
+    largest_batch: int = 0
+
+
+class EventStore:
+    """Durable, deduplicating store of trigger events with group commit.
+
+    Use as ``async with EventStore(url, on_confirmed=cb) as store:``. ``put``
+    never suspends unless ``max_pending`` records wait for the writer (then it
+    waits for room: back-pressure); at most ``max_pending + max_batch`` records
+    are held in memory. ``on_confirmed`` is called on the event loop, right
+    after each commit, with the non-None ``seq`` of every record of the batch
+    (duplicates included).
+    """
+
+    #: First and largest pause between two attempts at a failed batch (seconds).
+    retry_initial_delay: float = 0.05
+    retry_max_delay: float = 5.0
+
+    def __init__(
+        self,
+        url: str = DEFAULT_URL,
+        *,
+        on_confirmed: ConfirmCallback | None = None,
+        commit_interval: float = 0.002,
+        max_batch: int = 2000,
+        max_pending: int = 20000,
+    ) -> None:
+        if commit_interval < 0:
+            raise ValueError(f"commit_interval must be >= 0, not {commit_interval}")
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, not {max_batch}")
+        if max_pending < 1:
+            raise ValueError(f"max_pending must be >= 1, not {max_pending}")
+        self.url = url
+        self.stats = EventStoreStats()
+        #: Test hook (failure injection): awaited in each write transaction after
+        #: the INSERT and before COMMIT; raising makes the transaction fail.
+        self.before_commit: BeforeCommitHook | None = None
+        self._on_confirmed = on_confirmed
+        self._commit_interval = commit_interval
+        self._max_batch = max_batch
+        self._max_pending = max_pending
+        self._state: _State = "new"
+        self._engine: AsyncEngine | None = None
+        self._reader: EventReader | None = None
+        self._insert: BatchInsert | None = None
+        # One in-memory SQLite database lives on one shared connection: writer and
+        # readers take turns on it. Files and PostgreSQL use pooled connections.
+        self._serialize: asyncio.Lock | None = None
+        self._writer: asyncio.Task[None] | None = None
+        self._failure: BaseException | None = None
+        self._stopping = False
+        self._queue: deque[tuple[EncodedRow, int | None]] = deque()
+        self._accepted = 0  # records put so far
+        self._done = 0  # records committed and confirmed so far (FIFO, so a prefix)
+        self._flush_waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
+        self._wakeup = asyncio.Event()  # the queue became non-empty, or stop
+        self._batch_full = asyncio.Event()  # cut the linger short
+        self._room = asyncio.Event()  # the queue shrank below max_pending
+        self._closed = asyncio.Event()
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    async def __aenter__(self) -> EventStore:
+        await self.open()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def open(self) -> None:
+        """Create the table if missing and start the writer task."""
+        if self._state == "open":
+            return
+        if self._state != "new":
+            raise RuntimeError(
+                f"event store {self._display_url()} is {self._state}; open a new one"
+            )
+        backend = make_url(self.url).get_backend_name()
+        if backend not in ("sqlite", "postgresql"):
+            raise ValueError(
+                f"the event store supports sqlite:// and postgresql:// URLs, "
+                f"not {backend}:// ({self._display_url()})"
+            )
+        engine = async_engine(self.url)
+        try:
+            self._insert = batch_insert_for(engine.dialect)
+            await create_tables(engine)
+        except BaseException:
+            await engine.dispose()
+            raise
+        if _is_sqlite_memory(self.url):
+            self._serialize = asyncio.Lock()
+        self._engine = engine
+        self._reader = EventReader(engine, self._serialize)
+        self._state = "open"
+        self._writer = asyncio.create_task(self._write_loop(), name="acklane-event-store-writer")
+
+    async def flush(self) -> None:
+        """Return when every record put so far is committed and confirmed."""
+        target = self._accepted
+        if self._done >= target:
+            return
+        self._raise_if_failed()
+        if self._state == "closed":
+            raise RuntimeError(
+                f"event store {self._display_url()} closed with "
+                f"{target - self._done} event(s) never committed"
+            )
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._flush_waiters.append((target, future))
+        self._batch_full.set()  # no lingering: someone is waiting
+        await future
+
+    async def close(self) -> None:
+        """Flush, stop the writer, dispose of the engine. Idempotent.
+
+        If the database stays unreachable, flushing waits (bound it with
+        ``asyncio.timeout``); a close that is cancelled or times out drops the
+        records not yet committed, which were never confirmed: the broker
+        redelivers their raw events.
+        """
+        if self._state == "closed":
+            return
+        if self._state == "closing":
+            await self._closed.wait()
+            return
+        if self._state == "new":
+            self._state = "closed"
+            self._closed.set()
+            return
+        self._state = "closing"
+        self._room.set()  # puts waiting for room give up
+        try:
+            if self._failure is None:
+                await self.flush()
+        finally:
+            await self._shutdown()
+
+    async def _shutdown(self) -> None:
+        writer = self._writer
+        dropped = self._accepted - self._done
+        self._stopping = True
+        if writer is not None:
+            if dropped:
+                writer.cancel()
+            self._wakeup.set()
+            await asyncio.wait([writer])
+            if not writer.cancelled():
+                writer.exception()  # already logged by the writer; retrieved here
+        if dropped:
+            log.warning(
+                "event store %s closed with %d event(s) not committed; they were never "
+                "confirmed, so their raw events will be redelivered",
+                self._display_url(),
+                dropped,
+            )
+        self._queue.clear()
+        self._fail_flush_waiters(RuntimeError("the event store closed before this flush completed"))
+        try:
+            if self._engine is not None:
+                await self._engine.dispose()
+        finally:
+            self._state = "closed"
+            self._closed.set()
+
+    # -- writing ---------------------------------------------------------------------
+
+    async def put(self, record: EventRecord, seq: int | None = None) -> None:
+        """Queue ``record`` for the next batch; ``seq`` comes back in ``on_confirmed``.
+
+        The payload is checked and serialized here: a value that is not JSON raises
+        :class:`TypeError` naming the trigger and the offending type, and nothing is
+        queued. Returns without suspending unless ``max_pending`` records wait.
+        """
+        row = encode_record(record)
+        if seq is not None and type(seq) is not int:
+            raise TypeError(f"seq must be an int or None, not {type(seq).__qualname__}")
+        self._raise_unless_accepting()
+        queue = self._queue
+        while len(queue) >= self._max_pending:
+            self._room.clear()
+            await self._room.wait()
+            self._raise_unless_accepting()
+        queue.append((row, seq))
+        self._accepted += 1
+        size = len(queue)
+        if size == 1:
+            self._wakeup.set()
+        if size >= self._max_batch:
+            self._batch_full.set()
+
+    @property
+    def pending(self) -> int:
+        """Records put and not yet committed (queued or in the transaction in flight)."""
+        return self._accepted - self._done
+
+    async def _write_loop(self) -> None:
+        queue = self._queue
+        try:
+            while True:
+                if not queue:
+                    if self._stopping:
+                        return
+                    self._wakeup.clear()
+                    await self._wakeup.wait()
+                    continue
+                if (
+                    len(queue) < self._max_batch
+                    and self._commit_interval > 0
+                    and not self._flush_waiters
+                    and not self._stopping
+                ):
+                    self._batch_full.clear()
+                    try:
+                        async with asyncio.timeout(self._commit_interval):
+                            await self._batch_full.wait()
+                    except TimeoutError:
+                        pass
+                # Records queued from here on, while this batch commits, form the next one.
+                batch = [queue.popleft() for _ in range(min(len(queue), self._max_batch))]
+                self._room.set()
+                inserted = await self._commit(batch)
+                self._confirm(batch, inserted)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # a bug: fail loudly rather than hang everyone
+            log.exception("event store %s: the writer stopped", self._display_url())
+            self._failure = exc
+            self._room.set()
+            self._fail_flush_waiters(RuntimeError("the event store writer stopped"), cause=exc)
+            raise
+
+    async def _commit(self, batch: list[tuple[EncodedRow, int | None]]) -> int:
+        """Write and commit one batch, retrying until it is committed; the number of new rows."""
+        assert self._engine is not None and self._insert is not None
+        rows = [row for row, _ in batch]
+        pauses = backoff(self.retry_initial_delay, self.retry_max_delay)
+        attempt = 0
+        while True:
+            attempt += 1
+            created_at = datetime.now(UTC)
+            try:
+                async with self._turn(), self._engine.connect() as conn, conn.begin():
+                    inserted = await self._insert(conn, rows, created_at)
+                    if self.before_commit is not None:
+                        await self.before_commit(conn)
+                return inserted
+            except Exception as exc:  # DB error, lock, lost connection: nothing is confirmed
+                self.stats.failed_attempts += 1
+                delay = next(pauses)
+                log.warning(
+                    "event store %s: writing a batch of %d event(s) failed (attempt %d), "
+                    "rolled back, nothing confirmed; retrying in %.2f s: %s: %s",
+                    self._display_url(),
+                    len(rows),
+                    attempt,
+                    delay,
+                    type(exc).__name__,
+                    exc,
+                )
+                await asyncio.sleep(delay)
+
+    def _confirm(self, batch: list[tuple[EncodedRow, int | None]], inserted: int) -> None:
+        size = len(batch)
+        stats = self.stats
+        stats.batches += 1
+        stats.events += size
+        if inserted >= 0:
+            stats.inserted += inserted
+            stats.duplicates += size - inserted
+        stats.largest_batch = max(stats.largest_batch, size)
+        self._done += size
+        if self._on_confirmed is not None:
+            seqs = [seq for _, seq in batch if seq is not None]
+            if seqs:
+                try:
+                    self._on_confirmed(seqs)
+                except Exception:
+                    # The rows are committed; an engine that missed the confirmation
+                    # times the raw events out and they come back as duplicates.
+                    log.exception("event store: on_confirmed raised for %d seq(s)", len(seqs))
+        waiters = self._flush_waiters
+        while waiters and waiters[0][0] <= self._done:
+            _, future = waiters.popleft()
+            if not future.done():
+                future.set_result(None)
+
+    def _fail_flush_waiters(self, error: Exception, cause: BaseException | None = None) -> None:
+        error.__cause__ = cause
+        while self._flush_waiters:
+            _, future = self._flush_waiters.popleft()
+            if not future.done():
+                future.set_exception(error)
+
+    def _raise_unless_accepting(self) -> None:
+        self._raise_if_failed()
+        if self._state != "open":
+            raise RuntimeError(
+                f"event store {self._display_url()} is {self._state}: "
+                + ("open it first" if self._state == "new" else "it takes no more events")
+            )
+
+    def _raise_if_failed(self) -> None:
+        if self._failure is not None:
+            raise RuntimeError("the event store writer stopped") from self._failure
+
+    def _turn(self) -> AbstractAsyncContextManager[object]:
+        return self._serialize if self._serialize is not None else nullcontext()
+
+    # -- reading ---------------------------------------------------------------------
+
+    @property
+    def reader(self) -> EventReader:
+        if self._reader is None or self._state == "closed":
+            raise RuntimeError(f"event store {self._display_url()} is not open")
+        return self._reader
+
+    async def list_events(
+        self,
+        *,
+        trigger_id: str | None = None,
+        stream_key: str | None = None,
+        after_id: int | None = None,
+        limit: int = 100,
+        newest_first: bool = False,
+    ) -> list[StoredEvent]:
+        """Committed events in id order (or newest first), filtered, at most ``limit``."""
+        return await self.reader.list_events(
+            trigger_id=trigger_id,
+            stream_key=stream_key,
+            after_id=after_id,
+            limit=limit,
+            newest_first=newest_first,
+        )
+
+    async def count(self, *, trigger_id: str | None = None) -> int:
+        return await self.reader.count(trigger_id=trigger_id)
+
+    def tail(
+        self,
+        *,
+        trigger_id: str | None = None,
+        stream_key: str | None = None,
+        after_id: int | None = None,
+        poll_interval: float = 0.5,
+    ) -> AsyncGenerator[StoredEvent, None]:
+        """Follow new events forever (see :meth:`EventReader.tail`)."""
+        return self.reader.tail(
+            trigger_id=trigger_id,
+            stream_key=stream_key,
+            after_id=after_id,
+            poll_interval=poll_interval,
+        )
+
+    def _display_url(self) -> str:
+        return display_url(self.url)
+
+    def __repr__(self) -> str:
+        return f"<EventStore {self._display_url()} {self._state} pending={self.pending}>"
+
+
+def backoff(initial: float, cap: float) -> Iterator[float]:
+    """Pauses between attempts: ``initial``, doubling, never above ``cap``."""
+    delay = initial
+    while True:
+        yield min(delay, cap)
+        delay = min(delay * 2, cap)
+
+
+def display_url(url: str) -> str:
+    """The URL without its password, for logs and errors."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return "<invalid URL>"
+
+
+def _is_sqlite_memory(url: str) -> bool:
+    u = make_url(url)
+    if u.get_backend_name() != "sqlite":
+        return False
+    return u.database in (None, "", ":memory:") or u.query.get("mode") == "memory"
