@@ -267,7 +267,12 @@ class Runner:
         finally:
             for sig in installed:
                 loop.remove_signal_handler(sig)
-            await store.close()
+            try:
+                async with asyncio.timeout(self.config.engine.shutdown_timeout):
+                    await store.close()
+            except TimeoutError:
+                # unconfirmed records were never acked upstream: they will be redelivered
+                log.warning("The event store did not close in time; in-flight events dropped")
             self._store = None
             if self.state_backend is not None:
                 await self.state_backend.aclose()
