@@ -44,8 +44,8 @@ def is_sqlite(url: str | URL) -> bool:
 def _install_sqlite_pragmas(sync_engine: Engine) -> None:
     @event.listens_for(sync_engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
-        # pysqlite's own transaction handling is disabled so that SQLAlchemy's BEGIN
-        # is the only one and PRAGMAs run outside a transaction.
+        # Runs on each new DBAPI connection, before any transaction is open (pysqlite
+        # begins one implicitly only before DML), so journal_mode can change.
         cursor = dbapi_conn.cursor()
         for pragma in _SQLITE_PRAGMAS:
             cursor.execute(pragma)
