@@ -669,3 +669,38 @@ async def test_pause_mode_still_fails_a_stuck_subscriber_by_ack_timeout(up: Upst
     assert up.outcomes()[1] == (1, 1, 0)
     assert stuck.task is not None and not stuck.task.done()  # still inside its filter
     await manager.stop_all()
+
+
+async def test_filter_that_crashes_is_failed_out_of_its_event_not_acked(
+    manager: SharedStreamManager, up: Upstream
+) -> None:
+    async def crash_on_two(raw: Any) -> list[Any]:
+        if raw == 2:
+            raise RuntimeError("filter bug")
+        return [raw]
+
+    crashing = Watcher(manager, "crashing", AckTrigger(up.name, crash_on_two)).start()
+    Watcher(manager, "other", AckTrigger(up.name)).start()
+    await settle()
+    up.push(1, 2)
+    assert isinstance(await crashing.wait_failed(), RuntimeError)
+    await eventually(lambda: len(up.items) == 2)
+    assert up.outcomes() == {1: (2, 0, 0), 2: (1, 1, 0)}  # crashed on 2: failed, not acked
+
+
+async def test_subscriber_failure_is_reported_to_the_failure_observer(up: Upstream) -> None:
+    seen: list[tuple[Any, str, str]] = []
+    manager = SharedStreamManager(
+        max_subscriber_queue=1,
+        ack_timeout=30.0,
+        on_subscriber_failed=lambda key, tid, exc: seen.append((key, tid, type(exc).__name__)),
+    )
+    gate = Gate()
+    Watcher(manager, "a", AckTrigger(up.name, gate)).start()
+    await settle()
+    up.push(1)
+    await settle()
+    up.push(2, 3)
+    await eventually(lambda: bool(seen))
+    assert seen == [(("fake", up.name), "a", "SubscriberOverflow")]
+    await manager.stop_all()

@@ -1,0 +1,354 @@
+"""SQS emulators: moto's server as a local process, or LocalStack under Docker.
+
+Both speak the SQS API on an HTTP endpoint; :meth:`client_settings` gives the
+``connector: sqs`` YAML fields that reach it (endpoint, region, dummy keys).
+:class:`SqsQueues` creates throw-away queues on either, for tests and benchmarks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, ClassVar
+
+from .emulator import Emulator, EmulatorError, free_port, wait_for_port
+
+__all__ = ["DOCKER", "LOCAL", "LocalStackSqs", "MotoSqs", "SqsQueues"]
+
+DEFAULT_REGION = "us-east-1"
+#: Any keys do for the emulators; real-looking ones keep botocore's signer happy.
+DUMMY_ACCESS_KEY_ID = "testing"
+DUMMY_SECRET_ACCESS_KEY = "testing"
+LOCALSTACK_IMAGE = "localstack/localstack:4.4"
+
+
+def _list_queues_until_healthy(endpoint: str, region: str, timeout: float, alive: Any) -> None:
+    """Block until a real ListQueues call succeeds (or ``alive()`` says the server died)."""
+    import boto3
+    from botocore.config import Config
+
+    client = boto3.client(
+        "sqs",
+        endpoint_url=endpoint,
+        region_name=region,
+        aws_access_key_id=DUMMY_ACCESS_KEY_ID,
+        aws_secret_access_key=DUMMY_SECRET_ACCESS_KEY,
+        config=Config(retries={"max_attempts": 1}, connect_timeout=1, read_timeout=5),
+    )
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            try:
+                client.list_queues()
+                return
+            except Exception as exc:
+                if not alive():
+                    raise EmulatorError(
+                        f"SQS emulator at {endpoint} exited while starting"
+                    ) from exc
+                if time.monotonic() > deadline:
+                    raise EmulatorError(
+                        f"SQS emulator at {endpoint}: ListQueues still failing after "
+                        f"{timeout}s: {exc}"
+                    ) from exc
+                time.sleep(0.1)
+    finally:
+        client.close()
+
+
+class MotoSqs(Emulator):
+    """moto's server (``python -m moto.server``) in a subprocess on a free port.
+
+    A subprocess rather than moto's in-process thread: it can be killed, and its
+    long polls don't compete with the tests for the GIL.
+    """
+
+    broker: ClassVar[str] = "sqs"
+    backend: ClassVar[str] = "local"
+
+    def __init__(
+        self, *, host: str = "127.0.0.1", port: int | None = None, region: str = DEFAULT_REGION
+    ) -> None:
+        self.host = host
+        self.port = port
+        self.region = region
+        self._process: subprocess.Popen[bytes] | None = None
+        self._log: Any = None
+
+    @property
+    def endpoint(self) -> str:
+        if self.port is None:
+            raise EmulatorError("the moto SQS emulator is not started")
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def running(self) -> bool:
+        """True while the server process is alive."""
+        return self._process is not None and self._process.poll() is None
+
+    def client_settings(self) -> dict[str, Any]:
+        return {
+            "endpoint_url": self.endpoint,
+            "region": self.region,
+            "aws_access_key_id": DUMMY_ACCESS_KEY_ID,
+            "aws_secret_access_key": DUMMY_SECRET_ACCESS_KEY,
+        }
+
+    def start(self) -> None:
+        if self._process is not None:
+            return
+        self.port = self.port or free_port()
+        self._log = tempfile.NamedTemporaryFile(prefix="acklane-moto-", suffix=".log", delete=False)  # noqa: SIM115
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", self.host, "-p", str(self.port)],
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # a terminal's Ctrl-C reaches us, and we stop it
+        )
+        try:
+            self.wait_healthy()
+        except BaseException:
+            tail = self._log_tail()
+            self.stop()
+            raise EmulatorError(
+                f"moto SQS server on port {self.port} did not start:\n{tail}"
+            ) from None
+
+    def wait_healthy(self, timeout: float = 60.0) -> None:
+        process = self._process
+        if process is None:
+            raise EmulatorError("the moto SQS emulator is not started")
+        deadline = time.monotonic() + timeout
+        wait_for_port(self.host, self.port or 0, timeout)
+        _list_queues_until_healthy(
+            self.endpoint,
+            self.region,
+            max(deadline - time.monotonic(), 1.0),
+            lambda: process.poll() is None,
+        )
+
+    def stop(self) -> None:
+        process, self._process = self._process, None
+        if process is not None and process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=5)
+        if self._log is not None:
+            self._log.close()
+            Path(self._log.name).unlink(missing_ok=True)
+            self._log = None
+
+    def _log_tail(self, lines: int = 20) -> str:
+        if self._log is None:
+            return ""
+        self._log.flush()
+        text = Path(self._log.name).read_text(errors="replace")
+        return "\n".join(text.splitlines()[-lines:])
+
+
+class LocalStackSqs(Emulator):
+    """LocalStack's image (SQS only) via testcontainers (``acklane-integration[docker]``)."""
+
+    broker: ClassVar[str] = "sqs"
+    backend: ClassVar[str] = "docker"
+
+    def __init__(self, *, image: str = LOCALSTACK_IMAGE, region: str = DEFAULT_REGION) -> None:
+        self.image = image
+        self.region = region
+        self._container: Any = None
+        self._endpoint: str | None = None
+
+    @property
+    def endpoint(self) -> str:
+        if self._endpoint is None:
+            raise EmulatorError("the LocalStack SQS emulator is not started")
+        return self._endpoint
+
+    def client_settings(self) -> dict[str, Any]:
+        return {
+            "endpoint_url": self.endpoint,
+            "region": self.region,
+            "aws_access_key_id": DUMMY_ACCESS_KEY_ID,
+            "aws_secret_access_key": DUMMY_SECRET_ACCESS_KEY,
+        }
+
+    def start(self) -> None:
+        if self._container is not None:
+            return
+        try:
+            from testcontainers.localstack import LocalStackContainer
+        except ImportError as exc:
+            raise EmulatorError(
+                'the docker backend needs testcontainers: pip install "acklane-integration[docker]"'
+            ) from exc
+        container = LocalStackContainer(image=self.image, region_name=self.region).with_services(
+            "sqs"
+        )
+        try:
+            container.start()
+        except Exception as exc:
+            raise EmulatorError(f"LocalStack ({self.image}) did not start: {exc}") from exc
+        self._container = container
+        self._endpoint = str(container.get_url())
+        try:
+            self.wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+
+    def wait_healthy(self, timeout: float = 90.0) -> None:
+        if self._container is None:
+            raise EmulatorError("the LocalStack SQS emulator is not started")
+        _list_queues_until_healthy(self.endpoint, self.region, timeout, lambda: True)
+
+    def stop(self) -> None:
+        container, self._container = self._container, None
+        self._endpoint = None
+        if container is not None:
+            container.stop()
+
+
+LOCAL = MotoSqs
+DOCKER = LocalStackSqs
+
+
+class SqsQueues:
+    """Throw-away queues on an emulator, and a view of them from outside the producer.
+
+    Use as ``async with SqsQueues(emulator.client_settings()) as queues``; every
+    queue it created is deleted on exit. Names get a random suffix, so tests
+    sharing one emulator never see each other's messages.
+    """
+
+    def __init__(self, settings: Mapping[str, Any]) -> None:
+        self.settings = dict(settings)
+        self._created: list[str] = []
+        self._client_cm: Any = None
+        self.client: Any = None
+
+    async def __aenter__(self) -> SqsQueues:
+        import aioboto3
+
+        session = aioboto3.Session(
+            aws_access_key_id=self.settings.get("aws_access_key_id"),
+            aws_secret_access_key=self.settings.get("aws_secret_access_key"),
+            region_name=self.settings.get("region", DEFAULT_REGION),
+        )
+        self._client_cm = session.client("sqs", endpoint_url=self.settings.get("endpoint_url"))
+        self.client = await self._client_cm.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        try:
+            for url in self._created:
+                with contextlib.suppress(Exception):  # best-effort cleanup
+                    await self.client.delete_queue(QueueUrl=url)
+        finally:
+            await self._client_cm.__aexit__(None, None, None)
+
+    async def create(
+        self,
+        prefix: str = "acklane",
+        *,
+        fifo: bool = False,
+        visibility_timeout: int = 30,
+        dead_letter_arn: str | None = None,
+        max_receive_count: int = 10,
+    ) -> str:
+        """Create a queue with a unique name; return its URL."""
+        name = f"{prefix}-{uuid.uuid4().hex[:12]}" + (".fifo" if fifo else "")
+        attributes = {"VisibilityTimeout": str(visibility_timeout)}
+        if fifo:
+            attributes["FifoQueue"] = "true"
+        if dead_letter_arn:
+            attributes["RedrivePolicy"] = json.dumps(
+                {"deadLetterTargetArn": dead_letter_arn, "maxReceiveCount": str(max_receive_count)}
+            )
+        response = await self.client.create_queue(QueueName=name, Attributes=attributes)
+        url = str(response["QueueUrl"])
+        self._created.append(url)
+        return url
+
+    async def arn(self, url: str) -> str:
+        response = await self.client.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])
+        return str(response["Attributes"]["QueueArn"])
+
+    async def send(
+        self,
+        url: str,
+        bodies: Iterable[str],
+        *,
+        group_id: str | None = None,
+        attributes: Mapping[str, str] | None = None,
+    ) -> list[str]:
+        """Send messages (10 per call); return their ``MessageId`` in order."""
+        ids: list[str] = []
+        batch: list[dict[str, Any]] = []
+
+        async def flush() -> None:
+            response = await self.client.send_message_batch(QueueUrl=url, Entries=batch)
+            if response.get("Failed"):
+                raise EmulatorError(f"send to {url} failed: {response['Failed']}")
+            by_id = {entry["Id"]: entry["MessageId"] for entry in response["Successful"]}
+            ids.extend(by_id[entry["Id"]] for entry in batch)
+            batch.clear()
+
+        for body in bodies:
+            entry: dict[str, Any] = {"Id": str(len(batch)), "MessageBody": body}
+            if attributes:
+                entry["MessageAttributes"] = {
+                    k: {"DataType": "String", "StringValue": v} for k, v in attributes.items()
+                }
+            if group_id is not None:
+                entry["MessageGroupId"] = group_id
+                entry["MessageDeduplicationId"] = uuid.uuid4().hex
+            batch.append(entry)
+            if len(batch) == 10:
+                await flush()
+        if batch:
+            await flush()
+        return ids
+
+    async def receive(
+        self,
+        url: str,
+        *,
+        max_messages: int = 10,
+        wait: int = 0,
+        visibility_timeout: int | None = None,
+    ) -> list[dict[str, Any]]:
+        """Receive directly (not through acklane), with all attributes."""
+        request: dict[str, Any] = {
+            "QueueUrl": url,
+            "MaxNumberOfMessages": max_messages,
+            "WaitTimeSeconds": wait,
+            "MessageAttributeNames": ["All"],
+            "MessageSystemAttributeNames": ["All"],
+        }
+        if visibility_timeout is not None:
+            request["VisibilityTimeout"] = visibility_timeout
+        response = await self.client.receive_message(**request)
+        return list(response.get("Messages", []))
+
+    async def counts(self, url: str) -> tuple[int, int]:
+        """``(visible, in flight)``: ApproximateNumberOfMessages and ...NotVisible."""
+        response = await self.client.get_queue_attributes(
+            QueueUrl=url,
+            AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
+        )
+        attrs = response["Attributes"]
+        return (
+            int(attrs.get("ApproximateNumberOfMessages", 0)),
+            int(attrs.get("ApproximateNumberOfMessagesNotVisible", 0)),
+        )

@@ -1,0 +1,54 @@
+"""The Prometheus collector reads the engine's counters at scrape time."""
+
+from __future__ import annotations
+
+import textwrap
+import uuid
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, generate_latest
+
+from acklane.core.config import parse_config
+from acklane.core.connectors.memory import MemoryBroker
+from acklane.core.metrics import EngineCollector
+from acklane.core.runner import Runner
+from test_runner import _all_committed, _run_until
+
+
+async def test_collector_exposes_broadcast_outcomes_advances_and_persisted(tmp_path: Path) -> None:
+    name = f"m-{uuid.uuid4().hex[:8]}"
+    broker = MemoryBroker.get(name)
+    broker.create_topic("orders", 2)
+    for i in range(10):
+        broker.publish("orders", f'{{"id": {i}}}'.encode())
+    cfg = parse_config(
+        textwrap.dedent(
+            f"""\
+            store: {{url: "sqlite:///{tmp_path / 'e.db'}"}}
+            streams:
+              orders: {{connector: memory, broker: {name}, topics: [orders], group_id: g,
+                        partitions: 2, poll_interval: 0.02}}
+            watchers:
+              - {{name: all, stream: orders}}
+            """
+        ),
+        source="m.yaml",
+    )
+    runner = Runner(cfg, handle_signals=False)
+    registry = CollectorRegistry()
+    registry.register(EngineCollector(runner))
+    scraped: list[str] = []
+
+    def done() -> bool:
+        if _all_committed(broker) and runner._store is not None:
+            scraped.append(generate_latest(registry).decode())
+            return True
+        return False
+
+    await _run_until(runner, done)
+    text = scraped[0]
+    assert 'acklane_events_broadcast_total{key=' in text
+    assert "acklane_advanced_events_total" in text
+    assert 'acklane_event_outcomes_total{key=' in text
+    assert 'acklane_events_persisted_total{kind="inserted"}' in text
+    MemoryBroker.remove(name)
