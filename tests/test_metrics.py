@@ -7,12 +7,12 @@ import uuid
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, generate_latest
+from test_runner import _all_committed, _run_until
 
 from acklane.core.config import parse_config
 from acklane.core.connectors.memory import MemoryBroker
 from acklane.core.metrics import EngineCollector
 from acklane.core.runner import Runner
-from test_runner import _all_committed, _run_until
 
 
 async def test_collector_exposes_broadcast_outcomes_advances_and_persisted(tmp_path: Path) -> None:
@@ -24,7 +24,7 @@ async def test_collector_exposes_broadcast_outcomes_advances_and_persisted(tmp_p
     cfg = parse_config(
         textwrap.dedent(
             f"""\
-            store: {{url: "sqlite:///{tmp_path / 'e.db'}"}}
+            store: {{url: "sqlite:///{tmp_path / "e.db"}"}}
             streams:
               orders: {{connector: memory, broker: {name}, topics: [orders], group_id: g,
                         partitions: 2, poll_interval: 0.02}}
@@ -47,8 +47,8 @@ async def test_collector_exposes_broadcast_outcomes_advances_and_persisted(tmp_p
 
     await _run_until(runner, done)
     text = scraped[0]
-    assert 'acklane_events_broadcast_total{key=' in text
+    assert "acklane_events_broadcast_total{key=" in text
     assert "acklane_advanced_events_total" in text
-    assert 'acklane_event_outcomes_total{key=' in text
+    assert "acklane_event_outcomes_total{key=" in text
     assert 'acklane_events_persisted_total{kind="inserted"}' in text
     MemoryBroker.remove(name)
