@@ -100,7 +100,7 @@ def wait_for_port(host: str, port: int, timeout: float) -> None:
 def docker_available(timeout: float = 2.0) -> bool:
     """True when a Docker engine answers (not merely when the client is installed)."""
     try:
-        import docker  # type: ignore[import-not-found]
+        import docker
     except ImportError:
         return False
     try:
