@@ -1,0 +1,244 @@
+"""Kafka: messages/s of acklane's engine against a bare confluent-kafka loop.
+
+Every consumer reads the same pre-produced topic on one Kafka emulator (tansu
+locally, apache/kafka under Docker), each in its own consumer group, and is done
+when its group has committed every message:
+
+- baseline: a bare ``consume(batch)`` + synchronous ``commit`` loop (auto-commit
+  off, the commit after each batch), the fastest safe at-least-once loop;
+- producer: ``KafkaStreamProducer`` driven directly (no engine), advancing each
+  partition every 500 records: what the connector itself costs;
+- engine:   ``SharedStreamManager`` with N watchers sharing one consumer
+  (``KafkaMessageTrigger``), each yielding one trigger event per message that is
+  confirmed persisted at once (the event store is measured in bench/event_store.py).
+
+The clock starts at the first message each consumer receives (a consumer group
+join is not throughput) and stops when the last commit returned. Each consumer
+runs ``--repeat`` times, interleaved, and its best run is shown. The target is
+an engine/baseline ratio of at least 0.7 with one watcher.
+
+    uv run python bench/kafka.py
+    uv run python bench/kafka.py --messages 50000 --partitions 8 --watchers 1 5 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from acklane.connectors.kafka import KafkaConfig, KafkaMessageTrigger, KafkaStreamProducer
+from acklane.core.manager import SharedStreamManager
+from acklane.core.producer import AdvanceItem, AdvanceOutcome
+from acklane.core.trigger import TriggerEvent
+from acklane.integration.emulator import emulator_for
+from acklane.integration.kafka import KafkaKit
+
+TARGET_RATIO = 0.7
+BATCH = 500
+CLEAN = AdvanceOutcome(acked=1, failed=0)
+
+
+@dataclass
+class Result:
+    name: str
+    messages: int
+    seconds: float
+
+    @property
+    def rate(self) -> float:
+        return self.messages / self.seconds
+
+
+def fill(kit: KafkaKit, partitions: int, total: int) -> str:
+    """A topic holding ``total`` small JSON messages spread over ``partitions``."""
+    topic = kit.new_topic("bench", partitions=partitions)
+    producer = Producer({"bootstrap.servers": kit.bootstrap_servers, "linger.ms": 20})
+    for i in range(total):
+        while True:
+            try:
+                producer.produce(topic, value=b'{"n": %d}' % i, partition=i % partitions)
+                break
+            except BufferError:
+                producer.poll(0.05)
+    if producer.flush(60):
+        raise RuntimeError("the emulator did not take every benchmark message")
+    return topic
+
+
+def group_settings() -> dict[str, Any]:
+    return {**KafkaKit.FAST_GROUP, "fetch.wait.max.ms": 100}
+
+
+def bare_loop(kit: KafkaKit, topic: str, total: int) -> Result:
+    """consume(500) then a synchronous commit of each partition's last offset, until done."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": kit.bootstrap_servers,
+            "group.id": KafkaKit.unique("bench-bare"),
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "auto.offset.reset": "earliest",
+            **group_settings(),
+        }
+    )
+    consumer.subscribe([topic])
+    consumed = 0
+    started: float | None = None
+    try:
+        while consumed < total:
+            messages = consumer.consume(num_messages=BATCH, timeout=0.1)
+            last: dict[int, int] = {}
+            for m in messages:
+                if m.error() is None:
+                    last[m.partition()] = m.offset()
+                    consumed += 1
+            if not last:
+                continue
+            if started is None:
+                started = time.perf_counter()
+            consumer.commit(
+                offsets=[TopicPartition(topic, p, o + 1) for p, o in last.items()],
+                asynchronous=False,
+            )
+        assert started is not None
+        return Result("bare consume+commit", total, time.perf_counter() - started)
+    finally:
+        consumer.close()
+
+
+def engine_config(kit: KafkaKit, topic: str, prefix: str) -> KafkaConfig:
+    return KafkaConfig(
+        bootstrap_servers=kit.bootstrap_servers,
+        topics=[topic],
+        group_id=KafkaKit.unique(prefix),
+        batch_size=BATCH,
+        client=group_settings(),
+    )
+
+
+async def producer_direct(kit: KafkaKit, topic: str, total: int) -> Result:
+    """The connector alone: pull records, advance each partition every BATCH records."""
+    producer = KafkaStreamProducer(engine_config(kit, topic, "bench-producer"))
+    stream = producer.open_stream()
+    pending: dict[Hashable, list[AdvanceItem]] = {}
+    advanced = 0
+    started: float | None = None
+    try:
+        async for _raw, delivery in stream:
+            if started is None:
+                started = time.perf_counter()
+            items = pending.setdefault(producer.get_advance_lane(delivery), [])
+            items.append(AdvanceItem(delivery, CLEAN))
+            if len(items) >= BATCH or advanced + sum(map(len, pending.values())) >= total:
+                for lane_items in pending.values():
+                    if lane_items:
+                        await producer.advance(lane_items)
+                        advanced += len(lane_items)
+                pending = {}
+            if advanced >= total:
+                break
+        assert started is not None
+        return Result("acklane producer alone", total, time.perf_counter() - started)
+    finally:
+        await stream.aclose()
+        await producer.aclose()
+
+
+class BenchWatcher(KafkaMessageTrigger):
+    """One trigger event per message, as cheap as a filter gets."""
+
+    async def filter_shared_stream(self, stream: AsyncIterator[Any]) -> AsyncIterator[TriggerEvent]:
+        async for message in stream:
+            yield TriggerEvent(message.offset)
+
+
+async def through_engine(kit: KafkaKit, topic: str, total: int, watchers: int) -> Result:
+    advanced = 0
+    started: float | None = None
+    done = asyncio.Event()
+
+    def on_advance(_key: Hashable, batch: Sequence[AdvanceItem]) -> None:
+        nonlocal advanced
+        advanced += len(batch)
+        if advanced >= total:
+            done.set()
+
+    manager = SharedStreamManager(max_subscriber_queue=1024, on_advance=on_advance)
+    fields = engine_config(kit, topic, "bench-engine").model_dump(exclude_defaults=True)
+
+    async def watch(i: int) -> None:
+        nonlocal started
+        trigger = BenchWatcher(**fields)
+        key = trigger.shared_stream_key()
+        async for _event in manager.subscribe(trigger_id=f"w{i}", trigger=trigger, key=key):
+            if started is None:
+                started = time.perf_counter()
+            seq = manager.bind_pending_event(trigger_id=f"w{i}", key=key)
+            if seq is not None:
+                manager.confirm_persisted([seq])
+
+    async with asyncio.TaskGroup() as tg:
+        tasks = [tg.create_task(watch(i)) for i in range(watchers)]
+        await done.wait()
+        finished = time.perf_counter()
+        for task in tasks:
+            task.cancel()
+    await manager.stop_all()
+    assert started is not None
+    name = f"engine, {watchers} watcher{'s' if watchers > 1 else ''}"
+    return Result(name, total, finished - started)
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--messages", type=int, default=100_000)
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--watchers", type=int, nargs="+", default=[1, 20])
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+
+    with emulator_for("kafka") as emulator:
+        kit = KafkaKit.of(emulator)
+        print(
+            f"Kafka emulator: {emulator.backend} ({type(emulator).__name__}) at {emulator.endpoint}"
+        )
+        started = time.perf_counter()
+        topic = fill(kit, args.partitions, args.messages)
+        print(
+            f"{args.messages} messages on {args.partitions} partitions produced in "
+            f"{time.perf_counter() - started:.1f}s; best of {args.repeat} runs each\n"
+        )
+        best: dict[str, Result] = {}
+        for _ in range(args.repeat):
+            runs = [await asyncio.to_thread(bare_loop, kit, topic, args.messages)]
+            runs.append(await producer_direct(kit, topic, args.messages))
+            for n in args.watchers:
+                runs.append(await through_engine(kit, topic, args.messages, n))
+            for r in runs:
+                if r.name not in best or r.rate > best[r.name].rate:
+                    best[r.name] = r
+        kit.close()
+
+    baseline = next(iter(best.values()))
+    print(f"{'consumer':<24} {'messages/s':>12} {'ratio':>7}")
+    for r in best.values():
+        print(f"{r.name:<24} {r.rate:>12,.0f} {r.rate / baseline.rate:>7.2f}")
+    one = best.get("engine, 1 watcher")
+    if one is not None:
+        ratio = one.rate / baseline.rate
+        verdict = "meets" if ratio >= TARGET_RATIO else "MISSES"
+        print(
+            f"\nengine, 1 watcher / bare loop = {ratio:.2f} ({verdict} the {TARGET_RATIO} target)"
+        )
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

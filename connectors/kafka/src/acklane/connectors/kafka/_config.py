@@ -1,0 +1,291 @@
+"""The YAML block of a Kafka stream, validated before anything connects."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal, Self
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+__all__ = ["ClientValue", "KafkaConfig"]
+
+ClientValue = bool | int | str
+
+# Kafka's legal topic names; a subscription may also be a regex ("^orders-.*").
+_TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
+# librdkafka property names: lowercase words joined by dots.
+_PROPERTY = re.compile(r"[a-z][a-z0-9_]*(\.[a-z0-9_]+)*")
+
+#: Client properties acklane owns: setting them on, or at all, would break its promise.
+_AUTO_COMMIT = ("enable.auto.commit", "enable.auto.offset.store")
+_KEY_PROPERTIES = {"bootstrap.servers": "bootstrap_servers", "group.id": "group_id"}
+
+#: Consumer-only properties from ``client`` that the DLQ producer does not get
+#: (librdkafka warns about every property of the other kind).
+_CONSUMER_ONLY_PREFIXES = (
+    "group.",
+    "auto.",
+    "enable.auto.",
+    "enable.partition.eof",
+    "fetch.",
+    "queued.",
+    "session.timeout.ms",
+    "heartbeat.interval.ms",
+    "max.poll.interval.ms",
+    "partition.assignment.strategy",
+    "isolation.level",
+    "check.crcs",
+    "coordinator.query.interval.ms",
+    "consume.callback.max.messages",
+    "max.partition.fetch.bytes",
+)
+
+_FALSE_VALUES = {"false", "0", "f", "no", "off"}
+
+
+def _is_false(value: ClientValue) -> bool:
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return value == 0
+    return value.strip().lower() in _FALSE_VALUES
+
+
+_WHY_NO_AUTO_COMMIT = (
+    "acklane commits an offset only once every watcher finished the message and its "
+    "trigger events are stored; librdkafka's auto-commit would commit behind its back "
+    "and lose messages on a crash"
+)
+
+
+class KafkaConfig(BaseModel):
+    """One Kafka stream: which cluster, topics and consumer group, and how to consume.
+
+    ``bootstrap_servers``, ``topics`` and ``group_id`` pick the upstream and form the
+    shared stream key; every other field is tuning or credentials. Security fields
+    map one to one onto librdkafka properties (``sasl_mechanism`` ->
+    ``sasl.mechanism``); ``client`` passes any other librdkafka property through.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    bootstrap_servers: str = Field(
+        description="host:port of one or more brokers (a comma-separated string or a list)"
+    )
+    topics: tuple[str, ...] = Field(description="topics to consume (a regex starts with ^)")
+    group_id: str = Field(min_length=1, description="the Kafka consumer group")
+    dlq_topic: str | None = Field(
+        default=None, description="rejected messages are produced here before being committed"
+    )
+
+    # -- tuning (not part of the key)
+    poll_timeout: float = Field(
+        default=0.1,
+        gt=0,
+        le=10,
+        description="seconds one consume call waits for messages; an advance waits at most "
+        "this long for the consumer thread",
+    )
+    batch_size: int = Field(default=500, ge=1, le=100_000, description="messages per consume")
+    max_outstanding: int = Field(
+        default=1000,
+        ge=1,
+        description="messages handed to the engine and not yet advanced before fetching pauses "
+        "(keep it below the engine's subscriber queue size)",
+    )
+    auto_offset_reset: Literal["earliest", "latest", "error"] = Field(
+        default="earliest", description="where a group with no committed offset starts"
+    )
+    dlq_flush_timeout: float = Field(
+        default=30.0, gt=0, description="seconds to wait for the DLQ broker to confirm copies"
+    )
+
+    # -- security (passed through to librdkafka)
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] | None = None
+    sasl_mechanism: (
+        Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER", "GSSAPI"] | None
+    ) = None
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    ssl_ca_location: str | None = None
+    ssl_ca_pem: str | None = None
+    ssl_certificate_location: str | None = None
+    ssl_certificate_pem: str | None = None
+    ssl_key_location: str | None = None
+    ssl_key_pem: SecretStr | None = None
+    ssl_key_password: SecretStr | None = None
+    ssl_keystore_location: str | None = None
+    ssl_keystore_password: SecretStr | None = None
+    ssl_crl_location: str | None = None
+    ssl_endpoint_identification_algorithm: Literal["none", "https"] | None = None
+    ssl_cipher_suites: str | None = None
+
+    # -- free-form librdkafka overrides
+    client: dict[str, ClientValue] = Field(
+        default_factory=dict, description="extra librdkafka properties for the consumer and DLQ"
+    )
+    dlq_client: dict[str, ClientValue] = Field(
+        default_factory=dict, description="extra librdkafka properties for the DLQ producer only"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_auto_commit_fields(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for name in ("enable_auto_commit", "enable_auto_offset_store"):
+                if name in data:
+                    raise ValueError(
+                        f"{name}: auto-commit cannot be turned on ({_WHY_NO_AUTO_COMMIT})"
+                    )
+        return data
+
+    @field_validator("bootstrap_servers", mode="before")
+    @classmethod
+    def _join_servers(cls, value: Any) -> Any:
+        if isinstance(value, list | tuple):
+            value = ",".join(str(v) for v in value)
+        if isinstance(value, str):
+            servers = [s.strip() for s in value.split(",") if s.strip()]
+            if not servers:
+                raise ValueError("expected at least one host:port")
+            for server in servers:
+                host, sep, port = server.rpartition(":")
+                if not sep or not host or not port.isdigit():
+                    raise ValueError(f"{server!r} is not host:port")
+            return ",".join(servers)
+        return value
+
+    @field_validator("topics", mode="before")
+    @classmethod
+    def _topic_list(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return (value,)
+        return value
+
+    @field_validator("topics")
+    @classmethod
+    def _legal_topics(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if not value:
+            raise ValueError("expected at least one topic")
+        for topic in value:
+            if not (topic.startswith("^") or _TOPIC.fullmatch(topic)):
+                raise ValueError(
+                    f"{topic!r} is not a Kafka topic name (1-249 of letters, digits, '.', '_', "
+                    "'-') nor a regex subscription starting with '^'"
+                )
+        return tuple(dict.fromkeys(value))
+
+    @field_validator("dlq_topic")
+    @classmethod
+    def _legal_dlq_topic(cls, value: str | None) -> str | None:
+        if value is not None and not _TOPIC.fullmatch(value):
+            raise ValueError(f"{value!r} is not a Kafka topic name")
+        return value
+
+    @field_validator("client", "dlq_client")
+    @classmethod
+    def _client_properties(
+        cls, value: dict[str, ClientValue], info: ValidationInfo
+    ) -> dict[str, ClientValue]:
+        for name, setting in value.items():
+            if not _PROPERTY.fullmatch(name):
+                raise ValueError(
+                    f"{name!r} is not a librdkafka property name (e.g. 'fetch.min.bytes')"
+                )
+            if name in _AUTO_COMMIT and not _is_false(setting):
+                raise ValueError(
+                    f"{info.field_name}.{name} is {setting!r} but must be false "
+                    f"({_WHY_NO_AUTO_COMMIT})"
+                )
+            if name in _KEY_PROPERTIES:
+                raise ValueError(
+                    f"{name!r} cannot be overridden here: set the {_KEY_PROPERTIES[name]} field "
+                    "(it is part of the shared stream key)"
+                )
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        if self.dlq_topic is not None and self.dlq_topic in self.topics:
+            raise ValueError(
+                f"dlq_topic {self.dlq_topic!r} is one of the consumed topics: rejected messages "
+                "would come straight back"
+            )
+        typed = self._security_properties()
+        for source in ("client", "dlq_client"):
+            for name in getattr(self, source):
+                if name in typed:
+                    raise ValueError(
+                        f"{source}.{name} is also set by the field {name.replace('.', '_')}; "
+                        "set it in one place"
+                    )
+        sasl = self.security_protocol in ("SASL_PLAINTEXT", "SASL_SSL")
+        if self.sasl_mechanism is not None and not sasl and self.security_protocol is not None:
+            raise ValueError(
+                f"sasl_mechanism is set but security_protocol is {self.security_protocol}; "
+                "use SASL_SSL or SASL_PLAINTEXT"
+            )
+        if (self.sasl_username is None) != (self.sasl_password is None):
+            missing = "sasl_password" if self.sasl_password is None else "sasl_username"
+            raise ValueError(f"{missing} is required with the other SASL credential")
+        return self
+
+    # -- what the rest of the connector reads
+
+    def stream_key(self) -> tuple[str, str, tuple[str, ...], str]:
+        """``("kafka", servers, sorted topics, group id)``: only what picks the upstream."""
+        servers = ",".join(sorted(self.bootstrap_servers.split(",")))
+        return ("kafka", servers, tuple(sorted(self.topics)), self.group_id)
+
+    def _security_properties(self) -> dict[str, str]:
+        props: dict[str, str] = {}
+        for name in type(self).model_fields:
+            if not name.startswith(("security_", "sasl_", "ssl_")):
+                continue
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if isinstance(value, SecretStr):
+                value = value.get_secret_value()
+            props[name.replace("_", ".")] = value
+        return props
+
+    def consumer_settings(self) -> dict[str, Any]:
+        """librdkafka properties of the consumer (secrets included: never log them)."""
+        settings: dict[str, Any] = {
+            "bootstrap.servers": self.bootstrap_servers,
+            "group.id": self.group_id,
+            "auto.offset.reset": self.auto_offset_reset,
+            "enable.partition.eof": False,
+            **self._security_properties(),
+            **self.client,
+        }
+        settings["enable.auto.commit"] = False
+        settings["enable.auto.offset.store"] = False
+        return settings
+
+    def dlq_settings(self) -> dict[str, Any]:
+        """librdkafka properties of the DLQ producer (secrets included: never log them)."""
+        shared = {k: v for k, v in self.client.items() if not k.startswith(_CONSUMER_ONLY_PREFIXES)}
+        return {
+            "bootstrap.servers": self.bootstrap_servers,
+            **self._security_properties(),
+            **shared,
+            **self.dlq_client,
+        }
+
+    def describe(self) -> str:
+        """A secret-free one-liner for logs."""
+        dlq = f" dlq={self.dlq_topic}" if self.dlq_topic else ""
+        return (
+            f"kafka servers={self.bootstrap_servers} topics={','.join(self.topics)} "
+            f"group={self.group_id}{dlq}"
+        )

@@ -1,0 +1,595 @@
+"""The shared stream producer of one Kafka consumer group.
+
+confluent-kafka's consumer is not thread-safe, so one dedicated thread owns it:
+every consumer call (consume, commit, seek, pause, close) and every rebalance
+callback runs there, one at a time. The producer's books (owned partitions, held
+floors, last commits) are touched only on that thread, so they need no lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable, Hashable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+
+from acklane.core.producer import AdvanceItem, SharedStreamProducer
+
+from ._config import KafkaConfig
+from ._message import Clock, KafkaDelivery, KafkaMessage, deliver
+
+__all__ = [
+    "DLQ_ORIGIN_GROUP",
+    "DLQ_ORIGIN_OFFSET",
+    "DLQ_ORIGIN_PARTITION",
+    "DLQ_ORIGIN_TOPIC",
+    "DLQ_REASON",
+    "KafkaAdvanceError",
+    "KafkaReceiveError",
+    "KafkaStreamProducer",
+    "KafkaStreamStats",
+]
+
+log = logging.getLogger("acklane.connectors.kafka")
+_client_log = logging.getLogger("acklane.connectors.kafka.librdkafka")
+
+T = TypeVar("T")
+TP = tuple[str, int]
+# (seek epoch at fetch time, [(message, generation of its partition's assignment)])
+Fetched = tuple[int, list[tuple[Any, int]]]
+
+# Headers added to a dead-letter copy (the same names as the memory connector's).
+DLQ_ORIGIN_TOPIC = "acklane.origin.topic"
+DLQ_ORIGIN_PARTITION = "acklane.origin.partition"
+DLQ_ORIGIN_OFFSET = "acklane.origin.offset"
+DLQ_ORIGIN_GROUP = "acklane.origin.group"
+DLQ_REASON = "acklane.reject.reason"  # the reject reasons, joined with "; "
+
+# Commit errors that mean "the group is rebalancing away from you": the partition is
+# (about to be) revoked, and its new owner redelivers from the last commit.
+_REBALANCING = frozenset(
+    {
+        KafkaError.REBALANCE_IN_PROGRESS,
+        KafkaError.ILLEGAL_GENERATION,
+        KafkaError.UNKNOWN_MEMBER_ID,
+        KafkaError.FENCED_INSTANCE_ID,
+        KafkaError._ASSIGNMENT_LOST,
+        KafkaError._STATE,
+    }
+)
+# Client errors after which this consumer cannot be trusted to make progress.
+_FAILING = frozenset({KafkaError._AUTHENTICATION, KafkaError._ALL_BROKERS_DOWN, KafkaError._SSL})
+
+# How long a full stream waits for room before it pauses fetching and polls (and then
+# between polls): rebalance callbacks and max.poll.interval.ms stay served while the
+# watchers catch up, and a short stall does not throw away prefetched records.
+_FULL_WAIT = 0.5
+
+
+class KafkaReceiveError(RuntimeError):
+    """Consuming failed: the group fails and the runner restarts it."""
+
+
+class KafkaAdvanceError(RuntimeError):
+    """A commit, dead-letter copy or seek failed: the group fails; the broker redelivers."""
+
+
+@dataclass(slots=True)
+class KafkaStreamStats:
+    """Counters of one producer, for tests, logs and metrics."""
+
+    delivered: int = 0  # records handed to the engine
+    commits: int = 0  # successful commit calls
+    held: int = 0  # failed / unclaimed records that held their partition
+    redeliveries: int = 0  # seeks back to a held offset
+    dead_lettered: int = 0  # rejected records copied to the DLQ topic
+    dropped: int = 0  # rejected records committed past with no DLQ topic
+    skipped_revoked: int = 0  # advanced records of partitions no longer owned
+    skipped_commits: int = 0  # commits refused because the group was rebalancing
+    pauses: int = 0  # times fetching paused at max_outstanding
+
+
+def _tp(p: Any) -> TP:
+    return (p.topic, p.partition)
+
+
+def _names(tps: Any) -> str:
+    return ",".join(f"{t}[{p}]" for t, p in sorted(tps)) or "none"
+
+
+class KafkaStreamProducer(SharedStreamProducer):
+    """Consumes a Kafka consumer group for one shared stream and commits what the engine advances.
+
+    Lane = ``(topic, partition)``. ``advance`` commits offset+1 of the last
+    committable record of the lane; a failed or unclaimed record holds its
+    partition (nothing at or after it is committed, across batches) and the
+    partition is sought back to it so it comes again now; a rejected record is
+    copied to ``dlq_topic`` (flushed before the commit that passes it) or, with no
+    DLQ, committed past and counted in ``stats.dropped``.
+    """
+
+    def __init__(self, config: KafkaConfig) -> None:
+        self.config = config
+        self.stats = KafkaStreamStats()
+        self._executor: ThreadPoolExecutor | None = None
+        self._opened = False
+        self._closed = False
+        # Consumer-thread state.
+        self._consumer: Any = None
+        self._dlq: Any = None
+        self._generation = 0
+        self._owned: dict[TP, int] = {}  # partition -> generation of its assignment
+        self._assignment: frozenset[TP] = frozenset()  # snapshot of _owned, for the loop
+        self._floor: dict[TP, int] = {}  # partition -> lowest held offset
+        self._committed: dict[TP, int] = {}  # partition -> last offset this consumer committed
+        self._paused = False
+        self._paused_parts: set[TP] = set()
+        self._deferred_seeks: dict[TP, int] = {}
+        self._failure: KafkaError | None = None
+        self._clock = Clock()
+        # Written on the consumer thread, read on the loop while a batch is handed out:
+        # partition -> (seek epoch, offset) of its latest seek back to a held record.
+        self._seek_epoch = 0
+        self._sought: dict[TP, tuple[int, int]] = {}
+        # Event-loop state.
+        self._outstanding = 0
+        self._room = asyncio.Event()
+
+    # -- the SharedStreamProducer interface
+
+    async def open_stream(self) -> AsyncIterator[tuple[KafkaMessage, KafkaDelivery]]:
+        """Join the consumer group and yield its records, batch by batch, forever."""
+        if self._opened:
+            raise RuntimeError(f"{self.config.describe()}: open_stream() may be called only once")
+        if self._closed:
+            raise RuntimeError(f"{self.config.describe()}: the producer is closed")
+        self._opened = True
+        self._executor = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix=f"acklane-kafka-{self.config.group_id}"
+        )
+        await self._call(self._connect)
+        cfg = self.config
+        sought = self._sought
+        # The next batch is fetched (and converted) on the consumer thread while this
+        # one is handed out; at most one fetch is ahead, and only if there is room.
+        ahead: asyncio.Future[Fetched] | None = None
+        try:
+            while True:
+                if ahead is None:
+                    room = cfg.max_outstanding - self._outstanding
+                    if room > 0:
+                        ahead = self._submit(self._fetch, min(room, cfg.batch_size), False)
+                    elif await self._wait_for_room():
+                        continue
+                    else:
+                        # Still full: pause fetching, but keep polling so that rebalances
+                        # and max.poll.interval.ms are served while the watchers catch up.
+                        ahead = self._submit(self._fetch, 1, True)
+                epoch, batch = await ahead
+                ahead = None
+                if batch:
+                    room = cfg.max_outstanding - self._outstanding - len(batch)
+                    if room > 0:
+                        ahead = self._submit(self._fetch, min(room, cfg.batch_size), False)
+                clock = self._clock
+                for message, generation in batch:
+                    # Built here, not on the consumer thread: Python work there would
+                    # only contend for the GIL and delay the commits queued behind it.
+                    delivery, raw = deliver(message, generation, clock)
+                    if sought:
+                        seek = sought.get(delivery.lane)
+                        if seek is not None and seek[0] > epoch and delivery.offset >= seek[1]:
+                            continue  # fetched before its partition was sought back
+                    self._outstanding += 1
+                    yield raw, delivery
+        finally:
+            if ahead is not None:
+                ahead.cancel()  # its records were not handed out: they are redelivered
+
+    async def advance(self, batch: Sequence[AdvanceItem]) -> None:
+        """Commit, dead-letter or hold, per partition, for a resolved prefix of one lane."""
+        if not batch:
+            return
+        try:
+            await self._call(self._advance, batch)
+        finally:
+            self._outstanding -= len(batch)
+            if self._outstanding < self.config.max_outstanding:
+                self._room.set()
+
+    def get_advance_lane(self, broker_payload: Any) -> Hashable:
+        return broker_payload.lane  # type: ignore[no-any-return]
+
+    def message_id(self, broker_payload: Any) -> str | None:
+        return broker_payload.message_id  # type: ignore[no-any-return]
+
+    async def aclose(self) -> None:
+        """Flush the DLQ producer and close the consumer (leaving the group), once."""
+        if self._closed:
+            return
+        self._closed = True
+        executor = self._executor
+        if executor is None:
+            return
+        try:
+            await asyncio.get_running_loop().run_in_executor(executor, self._close_clients)
+        finally:
+            executor.shutdown(wait=False)
+
+    @property
+    def assignment(self) -> frozenset[tuple[str, int]]:
+        """The ``(topic, partition)`` pairs this consumer owns now."""
+        return self._assignment
+
+    # -- plumbing
+
+    def _submit(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+        executor = self._executor
+        if executor is None or self._closed:
+            raise RuntimeError(f"{self.config.describe()}: the producer is not open")
+        return asyncio.get_running_loop().run_in_executor(executor, fn, *args)
+
+    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        return await self._submit(fn, *args)
+
+    async def _wait_for_room(self) -> bool:
+        """Wait a little for advances to make room; True when there is room."""
+        self._room.clear()
+        if self._outstanding < self.config.max_outstanding:
+            return True
+        try:
+            async with asyncio.timeout(_FULL_WAIT):
+                await self._room.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    # -- everything below runs on the consumer thread
+
+    def _connect(self) -> None:
+        settings = self.config.consumer_settings()
+        settings["error_cb"] = self._on_client_error
+        settings["logger"] = _client_log
+        try:
+            consumer = Consumer(settings)
+        except KafkaException as exc:
+            raise KafkaReceiveError(
+                f"cannot create the Kafka consumer for {self.config.describe()}: {exc}"
+            ) from exc
+        self._consumer = consumer
+        consumer.subscribe(
+            list(self.config.topics),
+            on_assign=self._on_assign,
+            on_revoke=self._on_revoke,
+            on_lost=self._on_lost,
+        )
+        log.info("Kafka consumer subscribed %s", self.config.describe())
+
+    def _on_client_error(self, error: KafkaError) -> None:
+        if (error.fatal() or error.code() in _FAILING) and self._failure is None:
+            self._failure = error
+        log.warning("Kafka client error group=%s: %s", self.config.group_id, error.str())
+
+    def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
+        for p in partitions:
+            self._generation += 1
+            tp = _tp(p)
+            self._owned[tp] = self._generation
+            self._floor.pop(tp, None)
+            self._committed.pop(tp, None)
+        self._assignment = frozenset(self._owned)
+        log.info(
+            "Kafka partitions assigned group=%s partitions=%s",
+            self.config.group_id,
+            _names(_tp(p) for p in partitions),
+        )
+
+    def _forget(self, partitions: list[Any]) -> list[TP]:
+        gone = [_tp(p) for p in partitions]
+        for tp in gone:
+            self._owned.pop(tp, None)
+            self._floor.pop(tp, None)
+            self._committed.pop(tp, None)
+            self._deferred_seeks.pop(tp, None)
+            self._sought.pop(tp, None)
+            self._paused_parts.discard(tp)
+        self._assignment = frozenset(self._owned)
+        return gone
+
+    def _on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
+        gone = self._forget(partitions)
+        log.info(
+            "Kafka partitions revoked group=%s partitions=%s: their pending records leave the "
+            "books without a commit (the new owner redelivers them)",
+            self.config.group_id,
+            _names(gone),
+        )
+
+    def _on_lost(self, consumer: Any, partitions: list[Any]) -> None:
+        gone = self._forget(partitions)
+        log.warning(
+            "Kafka partitions lost group=%s partitions=%s: their pending records leave the "
+            "books without a commit",
+            self.config.group_id,
+            _names(gone),
+        )
+
+    def _set_paused(self, pause: bool) -> None:
+        consumer = self._consumer
+        if pause:
+            self._paused = True
+            self.stats.pauses += 1
+            log.debug(
+                "Kafka fetching paused group=%s outstanding=%d",
+                self.config.group_id,
+                self._outstanding,
+            )
+            return
+        self._paused = False
+        if self._paused_parts:
+            consumer.resume([TopicPartition(t, p) for t, p in self._paused_parts])
+            self._paused_parts.clear()
+        # A seek on a paused partition can be undone by its resume: seek after resuming.
+        seeks, self._deferred_seeks = self._deferred_seeks, {}
+        for tp, offset in seeks.items():
+            if tp in self._owned:
+                self._seek(tp, offset)
+
+    def _fetch(self, want: int, pause: bool) -> Fetched:
+        """Up to ``want`` records, with the seek epoch they were fetched in."""
+        consumer = self._consumer
+        if pause != self._paused:
+            self._set_paused(pause)
+        if self._paused:
+            self._pause_new_partitions()
+        epoch = self._seek_epoch  # after the seeks a resume made: they precede this batch
+        # What is already fetched, at once; else wait for one record and take what
+        # came with it. consume(want, timeout) alone would wait for a full batch.
+        messages = consumer.consume(num_messages=want, timeout=0)
+        if not messages and not pause:
+            messages = consumer.consume(num_messages=1, timeout=self.config.poll_timeout)
+            if messages and want > 1:
+                messages += consumer.consume(num_messages=want - 1, timeout=0)
+        if self._failure is not None:
+            raise KafkaReceiveError(
+                f"Kafka client failed for {self.config.describe()}: {self._failure.str()}"
+            )
+        if self._paused:
+            self._pause_new_partitions()  # assigned during this consume
+        out: list[tuple[Any, int]] = []
+        owned = self._owned
+        for m in messages:
+            error = m.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    continue
+                raise KafkaReceiveError(
+                    f"consuming {self.config.describe()} failed on "
+                    f"{m.topic()}[{m.partition()}]: {error.str()}"
+                )
+            generation = owned.get((m.topic(), m.partition()))
+            if generation is None:
+                continue  # its partition was revoked within this consume
+            out.append((m, generation))
+        self.stats.delivered += len(out)
+        return epoch, out
+
+    def _pause_new_partitions(self) -> None:
+        new = [tp for tp in self._owned if tp not in self._paused_parts]
+        if new:
+            self._consumer.pause([TopicPartition(t, p) for t, p in new])
+            self._paused_parts.update(new)
+
+    def _advance(self, batch: Sequence[AdvanceItem]) -> None:
+        if self._consumer is None:
+            raise KafkaAdvanceError(f"{self.config.describe()}: the consumer is not connected")
+        if self._all_clean_in_one_owned_lane(batch):
+            last: KafkaDelivery = batch[-1].broker_payload
+            self._commit([self._position_after(last)])
+            return
+        commits: dict[TP, TopicPartition] = {}
+        dead: list[AdvanceItem] = []
+        holds: dict[TP, int] = {}
+        owned = self._owned
+        floors = self._floor
+        for item in batch:
+            delivery: KafkaDelivery = item.broker_payload
+            tp = delivery.lane
+            if owned.get(tp) != delivery.generation:
+                self.stats.skipped_revoked += 1
+                continue
+            offset = delivery.offset
+            floor = floors.get(tp)
+            if floor is not None and offset > floor:
+                continue  # behind a held record: it comes again after the seek
+            outcome = item.outcome
+            if outcome.failed > 0 or (outcome.acked == 0 and outcome.rejected == 0):
+                floors[tp] = offset
+                holds[tp] = offset
+                self.stats.held += 1
+                log.info(
+                    "Kafka record held group=%s record=%s acked=%d failed=%d: not committed, "
+                    "redelivering from it",
+                    self.config.group_id,
+                    delivery.message_id,
+                    outcome.acked,
+                    outcome.failed,
+                )
+                continue
+            if outcome.rejected > 0:
+                dead.append(item)
+            if floor == offset:
+                del floors[tp]
+            if offset + 1 > self._committed.get(tp, -1):
+                commits[tp] = self._position_after(delivery)
+        if dead:
+            if self.config.dlq_topic is not None:
+                self._dead_letter(dead, self.config.dlq_topic)
+            else:
+                self._drop(dead)
+        if commits:
+            self._commit(list(commits.values()))
+        for tp, offset in holds.items():
+            if tp in self._paused_parts:
+                self._deferred_seeks[tp] = offset
+            else:
+                self._seek(tp, offset)
+
+    def _all_clean_in_one_owned_lane(self, batch: Sequence[AdvanceItem]) -> bool:
+        """The common case: one partition, owned since, not held, every record clean."""
+        first: KafkaDelivery = batch[0].broker_payload
+        last: KafkaDelivery = batch[-1].broker_payload
+        lane = first.lane
+        return (
+            lane == last.lane
+            and lane not in self._floor
+            and self._owned.get(lane) == first.generation == last.generation
+            and last.offset + 1 > self._committed.get(lane, -1)
+            and all(item.outcome.is_clean for item in batch)
+        )
+
+    @staticmethod
+    def _position_after(delivery: KafkaDelivery) -> TopicPartition:
+        topic, partition = delivery.lane
+        epoch = delivery.message.leader_epoch()
+        if epoch is None:
+            return TopicPartition(topic, partition, delivery.offset + 1)
+        return TopicPartition(topic, partition, delivery.offset + 1, leader_epoch=epoch)
+
+    def _dead_letter(self, items: list[AdvanceItem], topic: str) -> None:
+        producer = self._dlq
+        if producer is None:
+            settings = self.config.dlq_settings()
+            settings["error_cb"] = self._on_client_error
+            settings["logger"] = _client_log
+            producer = self._dlq = Producer(settings)
+        errors: list[str] = []
+
+        def delivered(error: KafkaError | None, _msg: Any) -> None:
+            if error is not None:
+                errors.append(error.str())
+
+        group = self.config.group_id
+        for item in items:
+            message = item.broker_payload.message
+            reason = "; ".join(item.outcome.reject_reasons) or "rejected by a watcher"
+            headers: list[tuple[str, str | bytes | None]] = list(message.headers() or ())
+            headers += [
+                (DLQ_ORIGIN_TOPIC, message.topic()),
+                (DLQ_ORIGIN_PARTITION, str(message.partition())),
+                (DLQ_ORIGIN_OFFSET, str(message.offset())),
+                (DLQ_ORIGIN_GROUP, group),
+                (DLQ_REASON, reason),
+            ]
+            while True:
+                try:
+                    producer.produce(
+                        topic,
+                        value=message.value(),
+                        key=message.key(),
+                        headers=headers,
+                        on_delivery=delivered,
+                    )
+                    break
+                except BufferError:
+                    producer.poll(0.1)  # the local queue is full: let deliveries drain
+        remaining = producer.flush(self.config.dlq_flush_timeout)
+        if remaining:
+            raise KafkaAdvanceError(
+                f"{remaining} dead-letter copies to {topic!r} were not confirmed within "
+                f"{self.config.dlq_flush_timeout}s; nothing was committed past them"
+            )
+        if errors:
+            raise KafkaAdvanceError(
+                f"dead-lettering to {topic!r} failed: {errors[0]}; nothing was committed past it"
+            )
+        self.stats.dead_lettered += len(items)
+        for item in items:
+            log.info(
+                "Kafka record dead-lettered group=%s record=%s dlq=%s reasons=%s",
+                group,
+                item.broker_payload.message_id,
+                topic,
+                list(item.outcome.reject_reasons),
+            )
+
+    def _drop(self, items: list[AdvanceItem]) -> None:
+        self.stats.dropped += len(items)
+        for item in items:
+            log.warning(
+                "Kafka record rejected with no dlq_topic: committed past and dropped group=%s "
+                "record=%s reasons=%s",
+                self.config.group_id,
+                item.broker_payload.message_id,
+                list(item.outcome.reject_reasons),
+            )
+
+    def _commit(self, offsets: list[TopicPartition]) -> None:
+        try:
+            result = self._consumer.commit(offsets=offsets, asynchronous=False)
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            if isinstance(error, KafkaError) and error.code() in _REBALANCING:
+                self._skip_commit(offsets, error.str())
+                return
+            raise KafkaAdvanceError(
+                f"commit of {_names(_tp(o) for o in offsets)} for {self.config.describe()} "
+                f"failed: {exc}"
+            ) from exc
+        for tp in result or ():
+            if tp.error is not None:
+                if tp.error.code() in _REBALANCING:
+                    self._skip_commit([tp], tp.error.str())
+                    continue
+                raise KafkaAdvanceError(
+                    f"commit of {tp.topic}[{tp.partition}] at {tp.offset} for "
+                    f"{self.config.describe()} failed: {tp.error.str()}"
+                )
+            self._committed[_tp(tp)] = tp.offset
+        self.stats.commits += 1
+
+    def _skip_commit(self, offsets: list[TopicPartition], why: str) -> None:
+        self.stats.skipped_commits += 1
+        log.warning(
+            "Kafka commit skipped group=%s partitions=%s: %s (the group is rebalancing; the "
+            "partition's next owner redelivers from its last commit)",
+            self.config.group_id,
+            _names(_tp(o) for o in offsets),
+            why,
+        )
+
+    def _seek(self, tp: TP, offset: int) -> None:
+        """Seek back to a held offset; records at or after it in batches fetched
+        before now are stale (they come again) and are not handed out."""
+        try:
+            self._consumer.seek(TopicPartition(tp[0], tp[1], offset))
+        except KafkaException as exc:
+            raise KafkaAdvanceError(
+                f"cannot seek {tp[0]}[{tp[1]}] back to held offset {offset} for redelivery: {exc}"
+            ) from exc
+        self._seek_epoch += 1
+        self._sought[tp] = (self._seek_epoch, offset)
+        self.stats.redeliveries += 1
+
+    def _close_clients(self) -> None:
+        problems: list[str] = []
+        if self._dlq is not None:
+            try:
+                remaining = self._dlq.flush(self.config.dlq_flush_timeout)
+                if remaining:
+                    problems.append(f"{remaining} dead-letter copies were not confirmed")
+            except Exception as exc:
+                problems.append(f"DLQ producer flush failed: {exc!r}")
+            self._dlq = None
+        if self._consumer is not None:
+            try:
+                self._consumer.close()
+            except Exception as exc:
+                problems.append(f"consumer close failed: {exc!r}")
+            self._consumer = None
+        if problems:
+            raise KafkaAdvanceError(f"closing {self.config.describe()}: {'; '.join(problems)}")

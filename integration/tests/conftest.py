@@ -1,0 +1,102 @@
+"""Fixtures of the integration tests: a Kafka kit, connector configs, and open streams.
+
+The session's broker comes from acklane's pytest plugin (``kafka_emulator``);
+every test makes its own topics and consumer groups, so tests never share state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import pytest
+
+from acklane.connectors.kafka import KafkaConfig, KafkaDelivery, KafkaMessage, KafkaStreamProducer
+from acklane.integration.emulator import Emulator
+from acklane.integration.kafka import KafkaKit
+
+
+@pytest.fixture(scope="session")
+def kafka_kit(kafka_emulator: Emulator) -> Iterator[KafkaKit]:
+    """Topics, records and committed offsets on the session's Kafka emulator."""
+    kit = KafkaKit.of(kafka_emulator)
+    yield kit
+    kit.close()
+
+
+@pytest.fixture
+def make_kafka_config(kafka_kit: KafkaKit) -> Callable[..., KafkaConfig]:
+    """A KafkaConfig for a fresh consumer group, tuned for quick group joins."""
+
+    def make(topics: str | list[str], **fields: Any) -> KafkaConfig:
+        client = {**KafkaKit.FAST_GROUP, **fields.pop("client", {})}
+        settings: dict[str, Any] = {
+            "bootstrap_servers": kafka_kit.bootstrap_servers,
+            "topics": topics,
+            "group_id": KafkaKit.unique("group"),
+            "poll_timeout": 0.05,
+            "client": client,
+        }
+        settings.update(fields)
+        return KafkaConfig(**settings)
+
+    return make
+
+
+class StreamDriver:
+    """One producer and its open stream, pulled by the test like the engine would."""
+
+    def __init__(self, producer: KafkaStreamProducer) -> None:
+        self.producer = producer
+        self.stream = producer.open_stream()
+        self._next: asyncio.Task[tuple[KafkaMessage, KafkaDelivery]] | None = None
+
+    async def take(self, n: int, timeout: float = 20.0) -> list[tuple[KafkaMessage, KafkaDelivery]]:
+        """The next ``n`` (raw, delivery) pairs of the stream."""
+        items = []
+        async with asyncio.timeout(timeout):
+            while len(items) < n:
+                items.append(await self._pull())
+        return items
+
+    async def _pull(self) -> tuple[KafkaMessage, KafkaDelivery]:
+        if self._next is None:
+            self._next = asyncio.ensure_future(anext(self.stream))
+        try:
+            return await asyncio.shield(self._next)
+        finally:
+            if self._next.done():
+                self._next = None
+
+    def pull_in_background(self) -> None:
+        """Keep one pull pending (the consumer keeps polling, e.g. through a rebalance)."""
+        if self._next is None:
+            self._next = asyncio.ensure_future(anext(self.stream))
+
+    async def offsets(self, n: int, timeout: float = 20.0) -> list[int]:
+        return [raw.offset for raw, _ in await self.take(n, timeout)]
+
+    async def close(self) -> None:
+        if self._next is not None:
+            self._next.cancel()
+            with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration, Exception):
+                await self._next
+        await self.stream.aclose()
+        await self.producer.aclose()
+
+
+@pytest.fixture
+async def open_kafka_stream() -> AsyncIterator[Callable[[KafkaConfig], StreamDriver]]:
+    """Open a producer's stream; every one opened is closed after the test."""
+    drivers: list[StreamDriver] = []
+
+    def open_(config: KafkaConfig) -> StreamDriver:
+        driver = StreamDriver(KafkaStreamProducer(config))
+        drivers.append(driver)
+        return driver
+
+    yield open_
+    for driver in drivers:
+        await driver.close()
