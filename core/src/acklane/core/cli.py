@@ -84,11 +84,21 @@ def run(config: ConfigArg, log_level: LogLevel = "INFO") -> None:
 @app.command()
 def demo(
     messages: Annotated[int, typer.Option(min=6, max=500, help="How many messages.")] = 24,
+    broker: Annotated[
+        str,
+        typer.Option(
+            help="auto: a Kafka emulator it starts itself, else the in-process broker; "
+            "kafka; or memory."
+        ),
+    ] = "auto",
 ) -> None:
     """Run a demo pipeline on embedded defaults and show what becomes of each message."""
     from .demo import run_demo
 
-    raise typer.Exit(asyncio.run(run_demo(messages, console)))
+    if broker not in ("auto", "kafka", "memory"):
+        err_console.print(f"[red]--broker {broker!r}: expected auto, kafka or memory[/]")
+        raise typer.Exit(2)
+    raise typer.Exit(asyncio.run(run_demo(messages, console, broker)))
 
 
 def _add_subcommands() -> None:

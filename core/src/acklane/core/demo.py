@@ -51,15 +51,7 @@ engine:
 store:
   url: sqlite:///{db}
 streams:
-  orders:
-    connector: memory
-    broker: acklane-demo
-    topics: [orders]
-    group_id: demo
-    partitions: 3
-    dlq_topic: orders.dlq
-    batch_size: 8
-    poll_interval: 0.05
+  orders: {stream}
 watchers:
   - name: big-orders
     stream: orders
@@ -116,6 +108,7 @@ def _orders(count: int) -> list[bytes]:
 @dataclass
 class _Row:
     message_id: str
+    label: str
     body: str
     fired: dict[str, int] = field(default_factory=dict)
     history: list[str] = field(default_factory=list)
@@ -142,8 +135,10 @@ class _DemoObserver(RunObserver):
     def advanced(self, key: Hashable, batch: Sequence[AdvanceItem]) -> None:
         self.advances += 1
         for item in batch:
-            record = item.broker_payload.record
-            mid = f"{record.topic}/{record.partition}/{record.offset}"
+            payload = item.broker_payload
+            mid = (
+                payload.message_id if hasattr(payload, "message_id") else payload.record.message_id
+            )
             row = self.rows.get(mid)
             if row is None:
                 continue
@@ -161,9 +156,11 @@ class _DemoObserver(RunObserver):
         self.restarts.append(f"{type(error).__name__}: {str(error)[:90]} (restart in {delay:.1f}s)")
 
 
-def _render(rows: dict[str, _Row], observer: _DemoObserver, runner: Runner, broker: Any) -> Group:
-    table = Table(title="acklane demo: each message's fate", expand=False)
-    table.add_column("message")
+def _render(
+    rows: dict[str, _Row], observer: _DemoObserver, runner: Runner, broker: _DemoBroker
+) -> Group:
+    table = Table(title=f"acklane demo on {broker.label}: each message's fate", expand=False)
+    table.add_column("partition/offset")
     table.add_column("body", no_wrap=True, overflow="ellipsis", max_width=28)
     table.add_column("fired")
     table.add_column("outcome", min_width=24)
@@ -179,58 +176,218 @@ def _render(rows: dict[str, _Row], observer: _DemoObserver, runner: Runner, brok
             else "dim"
         )
         fired = ",".join(_SHORT.get(w, w) for w in row.fired) or "-"
-        table.add_row(row.message_id, row.body, fired, Text(row.status, style=style))
-    stats = broker.stats("demo")
+        table.add_row(row.label, row.body, fired, Text(row.status, style=style))
+    ends = broker.ends
     committed = ", ".join(
-        f"p{p}: {off}/{broker.end_offsets('orders').get(p, 0)}"
-        for (_, p), off in sorted(stats.committed.items())
+        f"p{p}: {broker.last_committed.get(p, 0)}/{end}" for p, end in sorted(ends.items())
     )
     depths = runner.manager.queue_depths()
     depth = ", ".join(f"{tid}={n}" for (_, tid), n in sorted(depths.items(), key=lambda x: x[0][1]))
+    held = sum(1 for r in rows.values() if r.history and "redelivered" in r.history[-1])
     lines = [
         Text(f"committed offsets: {committed or '-'}"),
         Text(
-            f"dead-lettered: {stats.dead_lettered}   redelivered: {stats.redelivered}   "
-            f"advance calls: {observer.advances}   queue depth: {depth or '-'}"
+            f"held for redelivery now: {held}   advance calls: {observer.advances}   "
+            f"queue depth: {depth or '-'}"
         ),
     ]
     lines += [Text(f"restart: {r}", style="yellow") for r in observer.restarts[-3:]]
     return Group(table, *lines)
 
 
-async def run_demo(messages: int = 24, console: Console | None = None) -> int:
-    """Run the demo pipeline to completion; returns a process exit code."""
-    from .connectors.memory import MemoryBroker
+class _DemoBroker:
+    """What the demo needs of a broker: publish, committed offsets, the DLQ."""
 
+    label = ""
+    partitions = 3
+
+    def __init__(self) -> None:
+        self.ends: dict[int, int] = {}
+        self.last_committed: dict[int, int] = {}
+
+    def stream_block(self) -> str:
+        raise NotImplementedError
+
+    def publish(self, bodies: list[bytes]) -> list[tuple[str, int, int]]:
+        """Publish in order; ``(message_id, partition, offset)`` of each."""
+        raise NotImplementedError
+
+    async def refresh_committed(self) -> None:
+        raise NotImplementedError
+
+    async def dead_letters(self, count: int) -> list[tuple[str, str]]:
+        """``(origin, reason)`` of the dead-lettered copies."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+    def finished(self) -> bool:
+        return all(self.last_committed.get(p, 0) >= end for p, end in self.ends.items())
+
+
+class _MemoryDemoBroker(_DemoBroker):
+    label = "the in-process memory broker"
+
+    def __init__(self) -> None:
+        super().__init__()
+        from .connectors.memory import MemoryBroker
+
+        MemoryBroker.remove("acklane-demo")
+        self.broker = MemoryBroker.get("acklane-demo")
+        self.broker.create_topic("orders", self.partitions)
+
+    def stream_block(self) -> str:
+        return (
+            "{connector: memory, broker: acklane-demo, topics: [orders], group_id: demo, "
+            "partitions: 3, dlq_topic: orders.dlq, batch_size: 8, poll_interval: 0.05}"
+        )
+
+    def publish(self, bodies: list[bytes]) -> list[tuple[str, int, int]]:
+        out = []
+        for i, body in enumerate(bodies):
+            p, off = self.broker.publish("orders", body, key=f"customer-{i % 5}")
+            self.ends[p] = max(self.ends.get(p, 0), off + 1)
+            out.append((f"orders/{p}/{off}", p, off))
+        return out
+
+    async def refresh_committed(self) -> None:
+        stats = self.broker.stats("demo")
+        self.last_committed = {p: off for (_, p), off in stats.committed.items()}
+
+    async def dead_letters(self, count: int) -> list[tuple[str, str]]:
+        return [_origin(dict(r.headers)) for r in self.broker.records("orders.dlq")]
+
+    def close(self) -> None:
+        from .connectors.memory import MemoryBroker
+
+        MemoryBroker.remove("acklane-demo")
+
+
+class _KafkaDemoBroker(_DemoBroker):
+    """A Kafka-protocol emulator started for the demo (tansu, or Kafka under Docker)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from acklane.integration.emulator import emulator_for
+        from acklane.integration.kafka import KafkaKit
+
+        self.emulator = emulator_for("kafka")
+        self.emulator.start()
+        self.label = f"a Kafka emulator ({self.emulator.backend}, {self.emulator.endpoint})"
+        self.kit = KafkaKit.of(self.emulator)
+        self.topic = self.kit.new_topic("orders", partitions=self.partitions)
+        self.dlq = self.kit.new_topic("orders-dlq", partitions=1)
+        self.group = KafkaKit.unique("demo")
+
+    def stream_block(self) -> str:
+        from acklane.integration.kafka import KafkaKit
+
+        client = ", ".join(f'"{k}": {v}' for k, v in KafkaKit.FAST_GROUP.items())
+        return (
+            f"{{connector: kafka, bootstrap_servers: '{self.kit.bootstrap_servers}', "
+            f"topics: [{self.topic}], group_id: {self.group}, dlq_topic: {self.dlq}, "
+            f"poll_timeout: 0.1, batch_size: 8, client: {{{client}}}}}"
+        )
+
+    def publish(self, bodies: list[bytes]) -> list[tuple[str, int, int]]:
+        from confluent_kafka import Producer
+
+        producer = Producer({"bootstrap.servers": self.kit.bootstrap_servers})
+        out: list[tuple[str, int, int]] = []
+
+        def delivered(error: Any, msg: Any) -> None:
+            if error is None:
+                out.append(
+                    (
+                        f"{msg.topic()}/{msg.partition()}/{msg.offset()}",
+                        msg.partition(),
+                        msg.offset(),
+                    )
+                )
+
+        for i, body in enumerate(bodies):
+            producer.produce(self.topic, value=body, key=f"customer-{i % 5}", on_delivery=delivered)
+            producer.flush(10)  # one at a time: offsets in publish order
+        for _, p, off in out:
+            self.ends[p] = max(self.ends.get(p, 0), off + 1)
+        return out
+
+    async def refresh_committed(self) -> None:
+        got = await asyncio.to_thread(self.kit.committed, self.group, self.topic, self.partitions)
+        self.last_committed = {p: off for p, off in got.items() if off is not None}
+
+    async def dead_letters(self, count: int) -> list[tuple[str, str]]:
+        records = await asyncio.to_thread(self.kit.read, self.dlq, count, timeout=5.0)
+        out = []
+        for r in records:
+            headers = {
+                k: (v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v))
+                for k, v in (r.headers() or [])
+            }
+            out.append(_origin(headers))
+        return out
+
+    def close(self) -> None:
+        self.kit.close()
+        self.emulator.stop()
+
+
+def _position(label: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in label.split("/"))
+
+
+def _origin(headers: dict[str, str]) -> tuple[str, str]:
+    partition = headers.get("acklane.origin.partition", "?")
+    origin = f"{partition}/{headers.get('acklane.origin.offset', '?')}"
+    return origin, headers.get("acklane.reject.reason", "?")
+
+
+def _open_broker(kind: str, console: Console) -> _DemoBroker:
+    if kind in ("auto", "kafka"):
+        try:
+            with console.status("starting a Kafka emulator..."):
+                return _KafkaDemoBroker()
+        except Exception as exc:  # no integration package, no binary, no port...
+            if kind == "kafka":
+                raise
+            console.print(
+                f"[yellow]could not start a Kafka emulator ({type(exc).__name__}: {exc}); "
+                f"using the in-process memory broker instead[/]"
+            )
+    return _MemoryDemoBroker()
+
+
+async def run_demo(messages: int = 24, console: Console | None = None, broker: str = "auto") -> int:
+    """Run the demo pipeline to completion; returns a process exit code."""
     console = console or Console()
     _STALLED.clear()
     logging.getLogger("acklane").setLevel(logging.ERROR if not _DEBUG else logging.DEBUG)
+    demo_broker = _open_broker(broker, console)
+    try:
+        return await _run(demo_broker, messages, console)
+    finally:
+        demo_broker.close()
+
+
+async def _run(broker: _DemoBroker, messages: int, console: Console) -> int:
     with tempfile.TemporaryDirectory(prefix="acklane-demo-") as tmp:
         db = Path(tmp) / "events.db"
-        config = parse_config(DEMO_YAML.format(db=db), source="<acklane demo>")
-        MemoryBroker.remove("acklane-demo")
-        broker = MemoryBroker.get("acklane-demo")
-        broker.create_topic("orders", 3)
-        rows: dict[str, _Row] = {}
-        for i, body in enumerate(_orders(messages)):
-            p, off = broker.publish("orders", body, key=f"customer-{i % 5}")
-            text = body.decode("utf-8", "replace").replace(", ", ",").replace(": ", ":")
-            rows[f"orders/{p}/{off}"] = _Row(f"orders/{p}/{off}", text)
-        rows = dict(
-            sorted(rows.items(), key=lambda kv: tuple(int(x) for x in kv[0].split("/")[1:]))
+        config = parse_config(
+            DEMO_YAML.format(db=db, stream=broker.stream_block()), source="<acklane demo>"
         )
+        bodies = _orders(messages)
+        rows: dict[str, _Row] = {}
+        for (mid, p, off), body in zip(broker.publish(bodies), bodies, strict=True):
+            text = body.decode("utf-8", "replace").replace(", ", ",").replace(": ", ":")
+            rows[mid] = _Row(mid, f"{p}/{off}", text)
+        rows = dict(sorted(rows.items(), key=lambda kv: _position(kv[1].label)))
         observer = _DemoObserver(rows)
         runner = Runner(config, observer=observer)
         console.print(
-            f"[bold]acklane demo[/]: {messages} messages on an in-process broker (3 partitions), "
+            f"[bold]acklane demo[/]: {messages} messages on {broker.label}, 3 partitions, "
             f"3 watchers sharing one poll, events in SQLite at {db}"
         )
-
-        def finished() -> bool:
-            ends = broker.end_offsets("orders")
-            stats = broker.stats("demo")
-            return all(stats.committed.get(("orders", p), 0) >= end for p, end in ends.items())
-
         started = time.monotonic()
         ok = True
         async with asyncio.TaskGroup() as tg:
@@ -241,33 +398,28 @@ async def run_demo(messages: int = 24, console: Console | None = None) -> int:
                 refresh_per_second=8,
                 transient=False,
             ) as live:
-                while not finished():
+                while not broker.finished():
                     if time.monotonic() - started > 50 or run_task.done():
                         ok = False
                         break
-                    await asyncio.sleep(0.1)
+                    await asyncio.sleep(0.2)
+                    await broker.refresh_committed()
                     live.update(_render(rows, observer, runner, broker))
                 runner.request_stop()
                 with contextlib.suppress(Exception):
                     await run_task
                 live.update(_render(rows, observer, runner, broker))
         counts = await _stored_counts(str(db))
-        stats = broker.stats("demo")
-        dlq = broker.records("orders.dlq")
+        dlq = await broker.dead_letters(sum(1 for r in rows.values() if "DLQ" in r.status))
+        redelivered = sum(1 for r in rows.values() if any("redelivered" in h for h in r.history))
         console.print(
             f"\n[bold]done in {time.monotonic() - started:.1f}s[/]: "
             f"{sum(1 for r in rows.values() if r.history[-1:] == ['acked ✓'])} acked, "
-            f"{len(dlq)} in the DLQ, {stats.redelivered} redeliveries; trigger events stored "
-            f"per watcher: {counts}"
+            f"{len(dlq)} in the DLQ, {redelivered} redelivered; trigger events stored "
+            f"per watcher (duplicates from redeliveries dropped): {counts}"
         )
-        for rec in dlq:
-            console.print(
-                f"  DLQ: {rec.headers.get('acklane.origin.topic')}/"
-                f"{rec.headers.get('acklane.origin.partition')}/"
-                f"{rec.headers.get('acklane.origin.offset')}  reason: "
-                f"{rec.headers.get('acklane.reject.reason', '?')}"
-            )
-        MemoryBroker.remove("acklane-demo")
+        for origin, reason in dlq:
+            console.print(f"  DLQ copy of {origin}: {reason}")
         if not ok:
             console.print("[red]the demo did not finish in time[/]")
             return 1
