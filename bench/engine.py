@@ -7,6 +7,8 @@ same process, and the engine's ratio to it.
 
     uv run python bench/engine.py                 # the full table
     uv run python bench/engine.py --subscribers 20 --deliveries 200000 --stores memory
+    (stores: memory, sqlite, postgres; PostgreSQL at ACKLANE_BENCH_PG_URL, default
+    postgresql://postgres@127.0.0.1:5432/test, in a schema made and dropped per run)
 """
 
 from __future__ import annotations
@@ -14,13 +16,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import os
 import sys
 import tempfile
 import time
 import tracemalloc
+import uuid
 from collections.abc import AsyncIterator, Hashable, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from acklane.core import (
     AdvanceItem,
@@ -133,11 +138,16 @@ async def engine_run(
     key = triggers[0].shared_stream_key()
     store: Any = None
     tmp = None
-    if store_kind == "sqlite":
+    schema = None
+    if store_kind in ("sqlite", "postgres"):
         from acklane.core.events import EventRecord, EventStore
 
-        tmp = tempfile.TemporaryDirectory()
-        store = EventStore(f"sqlite:///{tmp.name}/bench.db", on_confirmed=manager.confirm_persisted)
+        if store_kind == "sqlite":
+            tmp = tempfile.TemporaryDirectory()
+            url = f"sqlite:///{tmp.name}/bench.db"
+        else:
+            schema, url = _pg_schema()
+        store = EventStore(url, on_confirmed=manager.confirm_persisted)
         await store.open()
         key_text = repr(key)
 
@@ -174,8 +184,10 @@ async def engine_run(
     await manager.stop_all()
     if store is not None:
         await store.close()
-        assert tmp is not None
-        tmp.cleanup()
+        if tmp is not None:
+            tmp.cleanup()
+        if schema is not None:
+            _drop_pg_schema(schema)
     latencies.sort()
     if not latencies:
         latencies = [float("nan")]
@@ -186,6 +198,27 @@ async def engine_run(
         "p99_ms": 1000 * latencies[int(len(latencies) * 0.99)],
         "peak_rss_mb": (sampler.peak - sampler.start) / 2**20,
     }
+
+
+PG_URL = os.environ.get("ACKLANE_BENCH_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+def _pg_schema() -> tuple[str, str]:
+    """A fresh schema (so every row is a real insert, not a duplicate) and its URL."""
+    import psycopg
+
+    schema = f"bench_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+    sep = "&" if "?" in PG_URL else "?"
+    return schema, f"{PG_URL}{sep}options={quote(f'-csearch_path={schema}', safe='')}"
+
+
+def _drop_pg_schema(schema: str) -> None:
+    import psycopg
+
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
 async def traced_peak(n: int, total: int) -> float:
@@ -201,7 +234,7 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--subscribers", default="1,20,100")
     parser.add_argument("--deliveries", type=int, default=1_000_000)
-    parser.add_argument("--stores", default="memory,sqlite")
+    parser.add_argument("--stores", default="memory,sqlite,postgres")
     parser.add_argument("--skip-memory-check", action="store_true")
     args = parser.parse_args()
     sizes = [int(x) for x in args.subscribers.split(",")]
