@@ -704,3 +704,17 @@ async def test_subscriber_failure_is_reported_to_the_failure_observer(up: Upstre
     await eventually(lambda: bool(seen))
     assert seen == [(("fake", up.name), "a", "SubscriberOverflow")]
     await manager.stop_all()
+
+
+async def test_abort_all_cancels_a_producer_stuck_in_advance(up: Upstream) -> None:
+    manager = SharedStreamManager(ack_timeout=30.0)
+    up.advance_gate = asyncio.Event()  # never set: advance hangs
+    Watcher(manager, "a", AckTrigger(up.name)).start()
+    await settle()
+    up.push(1, 2)
+    await eventually(lambda: up.in_flight == 1)
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0.1):
+            await manager.stop_all()
+    await manager.abort_all()
+    assert up.items == []

@@ -9,6 +9,7 @@ pop, and a counter decrement; no per-event sets or dicts of subscribers exist.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import deque
@@ -556,6 +557,8 @@ class _Group:
             await asyncio.sleep(interval)
             limit = _monotonic() - timeout
             for sub in (*self.members, *self.detached):
+                if self.frozen:
+                    break  # failed (perhaps by the previous timeout): nothing more counts
                 oldest = sub.oldest_outstanding()
                 if oldest is not None and oldest <= limit:
                     self._timeout(sub)
@@ -673,6 +676,15 @@ class _Group:
         task = self._task
         if task is not None:
             await asyncio.shield(task)
+
+    async def abort(self) -> None:
+        """Cancel the group's tasks (a producer stuck in advance or aclose) and wait."""
+        self.close()
+        task = self._task
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
 
 
 _EMPTY_LANE: deque[_Entry] = deque()
@@ -894,6 +906,14 @@ class SharedStreamManager:
         """Stop every group's upstream pull; subscribers keep their books."""
         for group in self._groups.values():
             group.stop_polling()
+
+    async def abort_all(self) -> None:
+        """Cancel every group's tasks at once: for a shutdown that ran out of time."""
+        groups = {*self._groups.values(), *self._closing}
+        self._groups.clear()
+        for group in groups:
+            await group.abort()
+        self._closing.clear()
 
     async def stop_all(self) -> None:
         """Stop every group: advance what is resolved, abandon the rest, close producers."""

@@ -303,7 +303,12 @@ class Runner:
                 "Shutdown timeout (%.0fs): what is still in flight will be redelivered",
                 self.config.engine.shutdown_timeout,
             )
-        await manager.stop_all()
+        try:
+            async with asyncio.timeout(self.config.engine.shutdown_timeout):
+                await manager.stop_all()
+        except TimeoutError:
+            log.warning("Producers did not close in time (stuck advance or aclose); cancelling")
+            await manager.abort_all()
         for task in cohort_tasks:
             task.cancel()
 
