@@ -803,6 +803,8 @@ class SharedStreamManager:
     async def _finish(self, group: _Group) -> None:
         try:
             await group.wait_closed()
+        except Exception:  # a bug inside the group must not take its callers down
+            log.exception("Shared stream group key=%r ended with an error", group.key)
         finally:
             self._closing.discard(group)
 
@@ -906,6 +908,11 @@ class SharedStreamManager:
         """Stop every group's upstream pull; subscribers keep their books."""
         for group in self._groups.values():
             group.stop_polling()
+
+    async def wait_key_closed(self, key: Hashable) -> None:
+        """Wait until no group of ``key`` is still closing (its producer's ``aclose`` ran)."""
+        for group in [g for g in self._closing if g.key == key]:
+            await self._finish(group)
 
     async def abort_all(self) -> None:
         """Cancel every group's tasks at once: for a shutdown that ran out of time."""

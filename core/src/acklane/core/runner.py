@@ -94,6 +94,10 @@ class _Cohort:
             )
             self.runner.observer.cohort_failed(self.key, error, delay)
             with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay + engine.shutdown_timeout):
+                    # the old group's producer leaves the broker before a new one joins
+                    await self.runner.manager.wait_key_closed(self.key)
+            with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(delay):
                     await self.runner.stopped.wait()
 
