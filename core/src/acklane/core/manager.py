@@ -419,11 +419,15 @@ class _Group:
             if q is None:
                 continue
             batch: list[AdvanceItem] = []
+            latencies = self.latencies
             while q and q[0].remaining == 0:
                 entry = q.popleft()
-                batch.append(AdvanceItem(entry.payload, _outcome(entry)))
-                if self.latencies is not None:
-                    self.latencies.append(_monotonic() - entry.t)
+                outcome = _CLEAN_CACHE.get((entry.acked, entry.failed, entry.rejected))
+                if outcome is None or entry.reasons:
+                    outcome = _outcome(entry)
+                batch.append(_new_tuple(AdvanceItem, (entry.payload, outcome)))
+                if latencies is not None:
+                    latencies.append(_monotonic() - entry.t)
             if not q:
                 del lanes[lane]
             if not batch:
