@@ -224,11 +224,12 @@ class Runner:
         return [_Cohort(self, key, ws) for key, ws in by_key.items()]
 
     def _attach_asset_stores(self) -> None:
-        if not any(w.asset for w in self.watchers):
-            return
-        from .stores import AssetStore, open_backend
+        # Opened even when no watcher has an asset: a long-running engine is where
+        # the task and asset stores' garbage is collected (state.gc_interval).
+        from .stores import AssetStore, open_backend, set_default_backend
 
         self.state_backend = open_backend(self.config.store.url, self.config.state)
+        set_default_backend(self.state_backend)
         for w in self.watchers:
             if w.asset:
                 w.asset_store = AssetStore(
@@ -279,6 +280,9 @@ class Runner:
                 log.warning("The event store did not close in time; in-flight events dropped")
             self._store = None
             if self.state_backend is not None:
+                from .stores import set_default_backend
+
+                set_default_backend(None)
                 await self.state_backend.aclose()
 
     async def _gc_forever(self) -> None:
