@@ -362,12 +362,17 @@ async def run_demo(messages: int = 24, console: Console | None = None, broker: s
     """Run the demo pipeline to completion; returns a process exit code."""
     console = console or Console()
     _STALLED.clear()
-    logging.getLogger("acklane").setLevel(logging.ERROR if not _DEBUG else logging.DEBUG)
-    demo_broker = _open_broker(broker, console)
+    logger = logging.getLogger("acklane")
+    level = logger.level
+    logger.setLevel(logging.ERROR if not _DEBUG else logging.DEBUG)  # the table tells the story
     try:
-        return await _run(demo_broker, messages, console)
+        demo_broker = _open_broker(broker, console)
+        try:
+            return await _run(demo_broker, messages, console)
+        finally:
+            demo_broker.close()
     finally:
-        demo_broker.close()
+        logger.setLevel(level)
 
 
 async def _run(broker: _DemoBroker, messages: int, console: Console) -> int:
