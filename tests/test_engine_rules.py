@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
 from collections.abc import AsyncIterator, Hashable
@@ -718,3 +719,128 @@ async def test_abort_all_cancels_a_producer_stuck_in_advance(up: Upstream) -> No
             await manager.stop_all()
     await manager.abort_all()
     assert up.items == []
+    assert up.aclosed == 1  # the stuck group was reached and closed
+    assert not manager._closing
+
+
+# -- regressions found in review ---------------------------------------------------
+
+
+async def test_group_closed_before_its_task_ran_never_polls(
+    manager: SharedStreamManager, up: Upstream
+) -> None:
+    class CrashAtOnce(AckTrigger):
+        async def filter_shared_stream(
+            self, stream: AsyncIterator[Any]
+        ) -> AsyncIterator[TriggerEvent]:
+            raise ValueError("bad config")
+            yield  # pragma: no cover
+
+    key = ("fake", up.name)
+    with pytest.raises(ValueError):
+        async for _ in manager.subscribe(trigger_id="a", trigger=CrashAtOnce(up.name), key=key):
+            pass
+    up.push(1, 2)
+    async with asyncio.timeout(2):
+        await manager.wait_key_closed(key)
+    await settle()
+    assert up.opened == 0 and up.queue.qsize() == 2  # nobody consumed from the broker
+    assert not manager._closing
+
+
+async def test_old_subscription_finishing_late_does_not_bind_to_a_new_ones_event(
+    manager: SharedStreamManager, up: Upstream
+) -> None:
+    key = ("fake", up.name)
+    slow = asyncio.Event()
+
+    async def slow_on_one(raw: Any) -> list[Any]:
+        if raw == 1:
+            await slow.wait()
+        return [raw]
+
+    got: list[tuple[str, Any, Any]] = []
+
+    async def old() -> None:
+        trigger = AckTrigger(up.name, slow_on_one)
+        async for ev in manager.subscribe(trigger_id="a", trigger=trigger, key=key):
+            got.append(("old", ev.payload, manager.bind_event(trigger_id="a", key=key)))
+
+    async def new() -> None:
+        async for ev in manager.subscribe(trigger_id="a", trigger=AckTrigger(up.name), key=key):
+            got.append(("new", ev.payload, manager.bind_event(trigger_id="a", key=key)))
+            await asyncio.Event().wait()
+
+    Watcher(manager, "keeper", AckTrigger(up.name)).start()
+    tasks = [asyncio.create_task(old())]
+    await settle()
+    up.push(1)
+    await settle()
+    await manager.unsubscribe("a", key)  # leaves while its filter is still on raw 1
+    tasks.append(asyncio.create_task(new()))
+    await settle()
+    up.push(2)
+    await settle()
+    slow.set()  # the old filter yields its event for raw 1 only now
+    await settle()
+    by = {who: (payload, bound) for who, payload, bound in got}
+    assert by["old"] == (1, None)  # its window closed when it left: not bound
+    assert by["new"][1] is not None and by["new"][1].message_id == "m2"
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_finished_groups_are_not_retained(manager: SharedStreamManager, up: Upstream) -> None:
+    for i in range(5):
+        w = Watcher(manager, "a", AckTrigger(up.name)).start()
+        await settle()
+        up.push(i)
+        await eventually(lambda w=w: len(w.events) == 1)  # type: ignore[misc]
+        await w.stop()
+        await settle()
+    assert not manager._groups and not manager._closing
+
+
+async def test_orderly_close_runs_the_filters_cleanup_at_once_in_its_task(
+    manager: SharedStreamManager, up: Upstream
+) -> None:
+    ran: list[str | None] = []
+
+    class Cleans(AckTrigger):
+        async def filter_shared_stream(
+            self, stream: AsyncIterator[Any]
+        ) -> AsyncIterator[TriggerEvent]:
+            try:
+                async for raw in stream:
+                    yield TriggerEvent(raw)
+            finally:
+                task = asyncio.current_task()
+                ran.append(task.get_name() if task else None)
+
+    key = ("fake", up.name)
+
+    async def consume() -> None:
+        async with contextlib.aclosing(
+            manager.subscribe(trigger_id="a", trigger=Cleans(up.name), key=key)
+        ) as it:
+            async for _ in it:
+                break
+
+    up.push(1)
+    await asyncio.create_task(consume(), name="the-watcher")
+    assert ran == ["the-watcher"]
+
+
+async def test_group_stats_count_outcomes(manager: SharedStreamManager, up: Upstream) -> None:
+    async def reject_odd(raw: Any) -> list[Any] | str:
+        return "reject" if raw % 2 else [raw]
+
+    Watcher(manager, "a", AckTrigger(up.name, reject_odd)).start()
+    Watcher(manager, "b", AckTrigger(up.name)).start()
+    await settle()
+    up.push(1, 2)
+    await eventually(lambda: len(up.items) == 2)
+    stats = manager.group_stats()[("fake", up.name)]
+    assert (stats.acked, stats.failed, stats.rejected) == (3, 0, 1)
+    assert stats.broadcast == 2 and stats.advanced_events == 2

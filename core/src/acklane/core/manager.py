@@ -9,7 +9,6 @@ pop, and a counter decrement; no per-event sets or dicts of subscribers exist.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import deque
@@ -376,7 +375,10 @@ class _Group:
         sub.wake()
         observer = self.manager.on_subscriber_failed
         if observer is not None and self.error is None:
-            observer(self.key, sub.trigger_id, exc)
+            try:
+                observer(self.key, sub.trigger_id, exc)
+            except Exception:  # an observer must never break the ack channel
+                log.exception("subscriber-failure observer failed key=%r", self.key)
 
     # -- resolution and the pump
 
@@ -384,12 +386,16 @@ class _Group:
         """One snapshot member resolved ``entry``: 0 acked, 1 failed, 2 rejected."""
         if self.frozen:
             return
+        stats = self.stats
         if kind == 0:
             entry.acked += 1
+            stats.acked += 1
         elif kind == 1:
             entry.failed += 1
+            stats.failed += 1
         else:
             entry.rejected += 1
+            stats.rejected += 1
         entry.remaining -= 1
         if entry.remaining == 0 and entry.lane_q[0] is entry:
             self._lane_ready(entry)
@@ -572,7 +578,12 @@ class _Group:
                 ]
 
     def _timeout(self, sub: _Subscriber) -> None:
-        entry = sub.awaiting[0].entry if sub.awaiting else (sub.current or sub.queue[0])
+        if sub.awaiting:
+            entry = sub.awaiting[0].entry
+        elif sub.current is not None and not sub.rejected_current:
+            entry = sub.current
+        else:
+            entry = sub.queue[0]
         event_id = self._event_id(entry)
         log.warning(
             "Shared stream ack timeout key=%r trigger_id=%s event=%s after %.3gs",
@@ -603,11 +614,16 @@ class _Group:
     # -- lifecycle
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(
+        task = asyncio.get_running_loop().create_task(
             self._run(), name=f"acklane-group-{self.key!r}"
         )
+        self._task = task
+        # the manager keeps a closing group until its task is really done
+        task.add_done_callback(lambda _t: self.manager._closing.discard(self))
 
     async def _run(self) -> None:
+        if self._closing:
+            return  # closed or failed before it ever ran: never connect
         try:
             if self.acking:
                 self.producer = self.trigger_cls.create_shared_stream_producer(self.kwargs)
@@ -621,12 +637,17 @@ class _Group:
                     sweep = tg.create_task(self._sweep())
                     await self._pump()
                     sweep.cancel()
+        except Exception as exc:  # a bug in the engine or an observer: fail loudly
+            log.exception("Shared stream group key=%r crashed", self.key)
+            self.fail(exc)
         finally:
             self.frozen = True
             await self._aclose_producer()
             self.manager._drop_bindings(self)
 
     async def _guarded_poll(self) -> None:
+        if not self._polling:
+            return  # stopped before the poll task first ran
         try:
             await self._poll()
         except asyncio.CancelledError:
@@ -687,8 +708,14 @@ class _Group:
         task = self._task
         if task is not None and not task.done():
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+            try:
+                async with asyncio.timeout(5.0):
+                    await asyncio.shield(task)
+            except TimeoutError:
+                task.cancel()  # aclose is stuck too: cancel it and give up on it
+                log.warning("Shared stream group key=%r did not stop; abandoned", self.key)
+            except (asyncio.CancelledError, Exception):
+                pass
 
 
 _EMPTY_LANE: deque[_Entry] = deque()
@@ -755,8 +782,10 @@ class SharedStreamManager:
             group.start()
         sub = group.attach(trigger_id, trigger)
         self._register(sub_key, sub)
+        raw_stream = sub.raw_stream()
+        events = trigger.filter_shared_stream(raw_stream)
         try:
-            async for event in trigger.filter_shared_stream(sub.raw_stream()):
+            async for event in events:
                 yield event
         except GeneratorExit:
             raise  # closed by its consumer at a yield: an orderly unsubscribe
@@ -768,6 +797,9 @@ class SharedStreamManager:
             raise
         finally:
             self._detach(sub_key, sub)
+            # close the filter (its finally blocks run now, in this task) and the stream
+            await _aclose_iter(events)
+            await _aclose_iter(raw_stream)
 
     def _register(self, sub_key: tuple[str, Hashable], sub: _Subscriber) -> None:
         self._subs[sub_key] = sub
@@ -809,20 +841,32 @@ class SharedStreamManager:
             await group.wait_closed()
         except Exception:  # a bug inside the group must not take its callers down
             log.exception("Shared stream group key=%r ended with an error", group.key)
-        finally:
-            self._closing.discard(group)
+        # (the group's done-callback removes it from _closing once its task is done)
 
     # -- the binding channel
 
     def bind_event(self, *, trigger_id: str, key: Hashable) -> BoundEvent | None:
         """Bind the trigger's just-yielded event to the raw event whose window is open."""
-        subs = self._by_trigger.get(trigger_id)
-        if subs is None:
-            return None
-        for k, sub in subs:  # noqa: B007 - almost always one: a trigger id is on one key
-            if k is key or k == key:
-                break
+        # The subscription whose filter runs in the calling task, if it is this one: an
+        # old subscription of the same trigger id, still finishing, must not bind to a
+        # new one's raw event.
+        window = current_window.get()
+        if (
+            isinstance(window, _Subscriber)
+            and window.trigger_id == trigger_id
+            and (window.group.key is key or window.group.key == key)
+        ):
+            sub = window
         else:
+            subs = self._by_trigger.get(trigger_id)
+            if subs is None:
+                return None
+            for k, sub in subs:  # noqa: B007 - almost always one: a trigger id is on one key
+                if k is key or k == key:
+                    break
+            else:
+                return None
+        if sub.closed or sub.failure is not None:
             return None
         entry = sub.current
         if entry is None or sub.rejected_current:
@@ -830,6 +874,12 @@ class SharedStreamManager:
         group = sub.group
         if not group.acking:
             return None
+        producer = group.producer
+        try:
+            mid = producer.message_id(entry.payload) if producer is not None else None
+        except Exception as exc:  # only costs dedupe of this event, never the event
+            log.warning("message_id() failed key=%r: %r; stored without one", group.key, exc)
+            mid = None
         binding = sub.binding
         if binding is None:
             binding = sub.binding = _Binding(sub, entry)
@@ -839,8 +889,6 @@ class SharedStreamManager:
         seq = self._next_seq
         self._next_seq = seq + 1
         self._bindings[seq] = binding
-        producer = group.producer
-        mid = producer.message_id(entry.payload) if producer is not None else None
         return _new_tuple(BoundEvent, (seq, mid, position))
 
     def bind_pending_event(self, *, trigger_id: str, key: Hashable) -> int | None:
@@ -859,6 +907,15 @@ class SharedStreamManager:
             if binding.pending == 0 and binding.moved and not binding.done:
                 binding.done = True
                 binding.sub.group.resolve(binding.entry, 0)
+
+    def discard_pending_event(self, seq: int) -> None:
+        """A bound event will never be persisted (say, its payload is not JSON): forget it.
+
+        Its raw event is not resolved by this; reject it in the window, or it times out.
+        """
+        binding = self._bindings.pop(seq, None)
+        if binding is not None:
+            binding.pending -= 1
 
     def _drop_bindings(self, group: _Group) -> None:
         stale = [s for s, b in self._bindings.items() if b.sub.group is group]

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from .events import EventRecord, EventStore
 from .manager import SharedStreamManager
 from .producer import AdvanceItem
-from .trigger import TriggerEvent, reject_shared_stream_event
+from .trigger import SharedStreamError, TriggerEvent, reject_shared_stream_event
 from .watcher import WatcherTrigger, build_watchers
 
 if TYPE_CHECKING:
@@ -148,10 +148,14 @@ class _Cohort:
                             "Watcher %s yielded an event that cannot be stored: %s", name, exc
                         )
                         reject_shared_stream_event(reason=f"watcher {name}: {exc}")
+                        if bound is not None:
+                            manager.discard_pending_event(bound.seq)
                         observer.rejected_payload(name, exc)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
+            if not isinstance(exc, SharedStreamError):  # the engine logged its own already
+                log.error("Watcher %s failed", name, exc_info=exc)
             if not runner.stopping:
                 first.append(exc)
 
@@ -311,6 +315,8 @@ class Runner:
                 "Shutdown timeout (%.0fs): what is still in flight will be redelivered",
                 self.config.engine.shutdown_timeout,
             )
+        except Exception:
+            log.exception("Draining the event store failed; unconfirmed events are redelivered")
         try:
             async with asyncio.timeout(self.config.engine.shutdown_timeout):
                 await manager.stop_all()
