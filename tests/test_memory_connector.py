@@ -473,3 +473,35 @@ async def _simulate(data: st.DataObject) -> None:
             assert broker.committed("acklane", "t", 0) == n
     finally:
         MemoryBroker.remove(name)
+
+
+async def test_a_reject_behind_a_held_record_is_judged_again_not_committed_past_silently() -> None:
+    # found in review: a rejection made while a lower offset was held was forgotten,
+    # and a later commit passed it with no dead-letter copy
+    name = f"held-{uuid.uuid4().hex[:6]}"
+    broker = MemoryBroker.get(name)
+    broker.create_topic("t", 1)
+    for i in range(4):
+        broker.publish("t", f"v{i}", partition=0)
+    p = MemoryProducer(MemoryConfig(broker=name, topics=["t"], partitions=1, dlq_topic="dlq"))
+    failed = AdvanceOutcome(1, 1, 0)
+    clean = AdvanceOutcome(1, 0, 0)
+    stream = p.open_stream()
+    try:
+        first = [await anext(stream) for _ in range(4)]
+        await p.advance([AdvanceItem(first[0][1], failed)])  # hold 0, seek back
+        await p.advance([AdvanceItem(first[1][1], rejected("bad"))])  # 1 rejected meanwhile
+        again = [await anext(stream) for _ in range(4)]
+        await p.advance(
+            [
+                AdvanceItem(first[2][1], clean),
+                AdvanceItem(first[3][1], clean),
+                AdvanceItem(again[0][1], clean),
+            ]
+        )
+        await p.advance([AdvanceItem(again[1][1], failed)])  # the new copy of 1 fails
+        assert broker.committed(p.config.group_id, "t", 0) <= 1  # 1 is not passed
+        assert broker.records("dlq") == []
+    finally:
+        await stream.aclose()
+        MemoryBroker.remove(name)

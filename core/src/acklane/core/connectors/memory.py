@@ -557,6 +557,11 @@ class MemoryProducer(SharedStreamProducer):
             offset = record.offset
             if offset < committed.get(tp, 0):
                 continue  # a stale copy of something already committed past
+            held = held_by_tp.get(tp)
+            if held and offset > min(held):
+                # Behind a held record: it comes again after the seek and is judged
+                # then. Acting on it now (a DLQ copy, a hold) would be forgotten.
+                continue
             if outcome.failed or not (outcome.acked or outcome.rejected):
                 # Failed, or nobody received it: hold the partition at this offset.
                 held_by_tp.setdefault(tp, set()).add(offset)
@@ -564,7 +569,6 @@ class MemoryProducer(SharedStreamProducer):
                 if payload.epoch == consumer.epoch(tp) or consumer.seek_offset(tp) > offset:
                     to_seek.add(tp)
                 continue
-            held = held_by_tp.get(tp)
             if held:
                 held.discard(offset)
             if offset >= candidates.get(tp, 0):
