@@ -23,6 +23,7 @@ from acklane.core.connectors.memory import (
     DLQ_ORIGIN_TOPIC,
     DLQ_REASON,
     MemoryBroker,
+    MemoryConfig,
     MemoryConnector,
     MemoryConsumer,
     MemoryPayload,
