@@ -412,3 +412,77 @@ async def test_fifo_rejected_item_keeps_its_group_in_a_fifo_dead_letter_queue(
     [copy] = await queues.receive(dlq)
     assert copy["Attributes"]["MessageGroupId"] == "G"
     assert copy["MessageAttributes"]["acklane.reject.reason"]["StringValue"] == "bad"
+
+
+# -- regressions found in review ---------------------------------------------------
+
+
+async def test_a_refused_heartbeat_fails_the_group_instead_of_letting_leases_lapse(
+    settings: dict[str, Any],
+) -> None:
+    from botocore.exceptions import ClientError
+
+    async with SqsQueues(settings) as q:
+        url = await q.create(visibility_timeout=2)
+        await q.send(url, ["x"])
+        p = SqsStreamProducer(SqsConfig(**{**settings, "queue_url": url, "wait_time_seconds": 1}))
+        stream = p.open_stream()
+        try:
+            await anext(stream)
+            assert p._client is not None
+
+            async def denied(**_: Any) -> Any:
+                raise ClientError(
+                    {"Error": {"Code": "AccessDenied", "Message": "no"}},
+                    "ChangeMessageVisibilityBatch",
+                )
+
+            p._client.change_message_visibility_batch = denied
+            async with asyncio.timeout(10):
+                while p._failure is None:
+                    await asyncio.sleep(0.1)
+            with pytest.raises(ClientError):
+                await anext(stream)  # the stream raises it: the group fails loudly
+        finally:
+            await stream.aclose()
+            await p.aclose()
+
+
+async def test_the_heartbeat_outlives_the_stream_until_aclose(settings: dict[str, Any]) -> None:
+    # after a stop the poll ends but watchers may still be working: leases must hold
+    async with SqsQueues(settings) as q:
+        url = await q.create(visibility_timeout=2)
+        await q.send(url, ["x"])
+        p = SqsStreamProducer(SqsConfig(**{**settings, "queue_url": url, "wait_time_seconds": 1}))
+        stream = p.open_stream()
+        _, delivery = await anext(stream)
+        await stream.aclose()
+        await asyncio.sleep(3.5)  # past the visibility timeout
+        assert await q.receive(url) == []
+        await p.advance([AdvanceItem(delivery, AdvanceOutcome(1, 0))])
+        await p.aclose()
+
+
+async def test_aclose_lets_an_in_flight_delete_finish(settings: dict[str, Any]) -> None:
+    async with SqsQueues(settings) as q:
+        url = await q.create(visibility_timeout=2)
+        await q.send(url, ["x"])
+        p = SqsStreamProducer(
+            SqsConfig(**{**settings, "queue_url": url, "wait_time_seconds": 1, "advance_linger": 0})
+        )
+        stream = p.open_stream()
+        _, delivery = await anext(stream)
+        original = p._run_batch
+
+        async def slow(op: str, url_: str, entries: Any) -> Any:
+            if op == "delete_message_batch":
+                await asyncio.sleep(0.5)
+            return await original(op, url_, entries)
+
+        p._run_batch = slow  # type: ignore[method-assign]
+        await p.advance([AdvanceItem(delivery, AdvanceOutcome(1, 0))])
+        await asyncio.sleep(0.1)  # the flusher is inside DeleteMessageBatch now
+        await stream.aclose()
+        await p.aclose()
+        await asyncio.sleep(2.5)
+        assert await q.receive(url) == []  # deleted, not dropped and redelivered

@@ -186,13 +186,13 @@ class SqsStreamProducer(SharedStreamProducer):
                 self._heartbeat_loop(interval, extension),
                 name=f"acklane sqs heartbeat {self.queue_url}",
             )
-        try:
-            while True:
-                self._raise_failure()
-                for delivery in await self._receive():
-                    yield delivery.message, delivery
-        finally:
-            await self._stop_task(self._heartbeat_task)
+        # The heartbeat runs until aclose, not until the stream closes: after a stop the
+        # watchers may still be finishing what they pulled, and only ack_timeout may
+        # decide they failed.
+        while True:
+            self._raise_failure()
+            for delivery in await self._receive():
+                yield delivery.message, delivery
 
     def get_advance_lane(self, broker_payload: Any) -> Hashable:
         delivery: SqsDelivery = broker_payload
@@ -593,6 +593,17 @@ class SqsStreamProducer(SharedStreamProducer):
             await asyncio.sleep(interval)
             try:
                 await self._extend_due(2 * interval, extension)
+            except ClientError as exc:
+                if _error_code(exc) not in _TRANSIENT:
+                    # e.g. AccessDenied: leases would lapse while watchers work and
+                    # another consumer would get the messages; fail loudly instead.
+                    self._fail(exc)
+                    return
+                log.warning(
+                    "SQS queue %s: visibility heartbeat failed (%s); retrying next beat",
+                    self.queue_url,
+                    exc,
+                )
             except Exception as exc:
                 log.warning(
                     "SQS queue %s: visibility heartbeat failed (%s); retrying next beat",
@@ -656,7 +667,8 @@ class SqsStreamProducer(SharedStreamProducer):
             return
         self._closed = True
         await self._stop_task(self._heartbeat_task)
-        await self._stop_task(self._flusher_task)
+        async with self._flush_lock:  # let a flush in flight finish: it holds popped entries
+            await self._stop_task(self._flusher_task)
         if self._client is not None:
             # What was pulled but never advanced was abandoned: make it visible now
             # rather than when its visibility lapses.
@@ -697,6 +709,22 @@ class SqsStreamProducer(SharedStreamProducer):
             return
         task.cancel()
         await asyncio.wait([task])
+
+
+#: Errors worth retrying on the next heartbeat; anything else fails the group.
+_TRANSIENT = frozenset(
+    {
+        "Throttling",
+        "ThrottlingException",
+        "RequestThrottled",
+        "TooManyRequestsException",
+        "ServiceUnavailable",
+        "InternalError",
+        "InternalFailure",
+        "RequestTimeout",
+        "RequestTimeoutException",
+    }
+)
 
 
 def _error_code(exc: ClientError) -> str:
