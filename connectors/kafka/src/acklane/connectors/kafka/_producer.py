@@ -125,6 +125,8 @@ class KafkaStreamProducer(SharedStreamProducer):
         self._owned: dict[TP, int] = {}  # partition -> generation of its assignment
         self._assignment: frozenset[TP] = frozenset()  # snapshot of _owned, for the loop
         self._floor: dict[TP, int] = {}  # partition -> lowest held offset
+        # partition -> held offset just sought back to, until its first record comes
+        self._awaiting_floor: dict[TP, int] = {}
         self._committed: dict[TP, int] = {}  # partition -> last offset this consumer committed
         self._paused = False
         self._paused_parts: set[TP] = set()
@@ -296,6 +298,7 @@ class KafkaStreamProducer(SharedStreamProducer):
             self._committed.pop(tp, None)
             self._deferred_seeks.pop(tp, None)
             self._sought.pop(tp, None)
+            self._awaiting_floor.pop(tp, None)
             self._paused_parts.discard(tp)
         self._assignment = frozenset(self._owned)
         return gone
@@ -362,6 +365,7 @@ class KafkaStreamProducer(SharedStreamProducer):
             self._pause_new_partitions()  # assigned during this consume
         out: list[tuple[Any, int]] = []
         owned = self._owned
+        awaiting = self._awaiting_floor
         for m in messages:
             error = m.error()
             if error is not None:
@@ -371,12 +375,34 @@ class KafkaStreamProducer(SharedStreamProducer):
                     f"consuming {self.config.describe()} failed on "
                     f"{m.topic()}[{m.partition()}]: {error.str()}"
                 )
-            generation = owned.get((m.topic(), m.partition()))
+            tp = (m.topic(), m.partition())
+            generation = owned.get(tp)
             if generation is None:
                 continue  # its partition was revoked within this consume
+            if awaiting:
+                self._check_floor_came_back(tp, m.offset())
             out.append((m, generation))
         self.stats.delivered += len(out)
         return epoch, out
+
+    def _check_floor_came_back(self, tp: TP, offset: int) -> None:
+        """The first record after a seek back to a held offset: is the held one still there?
+
+        Retention, compaction or DeleteRecords can remove it; the consumer then resumes
+        past it, and a floor kept at the missing offset would stop every later commit.
+        """
+        held = self._awaiting_floor.pop(tp, None)
+        if held is None or offset <= held or self._floor.get(tp) != held:
+            return
+        log.warning(
+            "Kafka record %s[%d]@%d, held for redelivery, is gone from the log (retention "
+            "or compaction); partition resumes at offset %d",
+            tp[0],
+            tp[1],
+            held,
+            offset,
+        )
+        del self._floor[tp]
 
     def _pause_new_partitions(self) -> None:
         new = [tp for tp in self._owned if tp not in self._paused_parts]
@@ -573,6 +599,7 @@ class KafkaStreamProducer(SharedStreamProducer):
             ) from exc
         self._seek_epoch += 1
         self._sought[tp] = (self._seek_epoch, offset)
+        self._awaiting_floor[tp] = offset
         self.stats.redeliveries += 1
 
     def _close_clients(self) -> None:
