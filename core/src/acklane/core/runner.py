@@ -24,7 +24,7 @@ import signal
 import time
 from collections.abc import Hashable, Sequence
 from contextlib import aclosing
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .events import EventRecord, EventStore
 from .manager import SharedStreamManager
@@ -325,9 +325,3 @@ class Runner:
             await manager.abort_all()
         for task in cohort_tasks:
             task.cancel()
-
-    async def __aenter__(self) -> Runner:  # pragma: no cover - convenience
-        return self
-
-    async def __aexit__(self, *exc: Any) -> None:  # pragma: no cover
-        self.request_stop()
