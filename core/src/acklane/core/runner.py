@@ -227,18 +227,18 @@ class Runner:
             by_key.setdefault(w.shared_stream_key(), []).append(w)
         return [_Cohort(self, key, ws) for key, ws in by_key.items()]
 
-    def _attach_asset_stores(self) -> None:
+    def _open_state_backend(self) -> StateBackend:
         # Opened even when no watcher has an asset: a long-running engine is where
         # the task and asset stores' garbage is collected (state.gc_interval).
         from .stores import AssetStore, open_backend, set_default_backend
 
-        self.state_backend = open_backend(self.config.store.url, self.config.state)
-        set_default_backend(self.state_backend)
+        backend = open_backend(self.config.store.url, self.config.state)
+        self.state_backend = backend
+        set_default_backend(backend)
         for w in self.watchers:
             if w.asset:
-                w.asset_store = AssetStore(
-                    asset=w.asset, backend=self.state_backend, writer="watcher"
-                )
+                w.asset_store = AssetStore(asset=w.asset, backend=backend, writer="watcher")
+        return backend
 
     async def run(self) -> None:
         """Run until :meth:`request_stop` or a signal; then shut down gracefully."""
@@ -256,8 +256,9 @@ class Runner:
         )
         await store.open()
         self._store = store
+        backend: StateBackend | None = None
         try:
-            self._attach_asset_stores()
+            backend = self._open_state_backend()
             cohorts = self._cohorts()
             for c in cohorts:
                 log.info(
@@ -267,12 +268,10 @@ class Runner:
                 tasks = [
                     tg.create_task(c.run(), name=f"acklane-cohort-{c.key_text}") for c in cohorts
                 ]
-                if self.state_backend is not None:
-                    gc_task = tg.create_task(self._gc_forever())
+                gc_task = tg.create_task(backend.run_gc_forever(), name="acklane-state-gc")
                 await self.stopped.wait()
                 await self._shutdown(tasks)
-                if self.state_backend is not None:
-                    gc_task.cancel()
+                gc_task.cancel()
         finally:
             for sig in installed:
                 loop.remove_signal_handler(sig)
@@ -283,15 +282,11 @@ class Runner:
                 # unconfirmed records were never acked upstream: they will be redelivered
                 log.warning("The event store did not close in time; in-flight events dropped")
             self._store = None
-            if self.state_backend is not None:
+            if backend is not None:
                 from .stores import set_default_backend
 
                 set_default_backend(None)
-                await self.state_backend.aclose()
-
-    async def _gc_forever(self) -> None:
-        assert self.state_backend is not None
-        await self.state_backend.run_gc_forever()
+                await backend.aclose()
 
     def _on_signal(self) -> None:
         if self.stopping:
