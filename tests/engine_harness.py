@@ -28,8 +28,10 @@ class Upstream:
 
     registry: dict[str, Upstream] = {}
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, *, batched: bool = False) -> None:
         self.name = name
+        # the producer offers open_batches: what is queued is broadcast a batch at a time
+        self.batched = batched
         self.queue: asyncio.Queue[Any] = asyncio.Queue()
         self.batches: list[list[AdvanceItem]] = []
         self.factory_calls = 0
@@ -82,6 +84,28 @@ class FakeProducer(SharedStreamProducer):
             if isinstance(item, Exception):
                 raise item
             yield item, item
+
+    def open_batches(self) -> AsyncIterator[Sequence[tuple[Any, Any]]] | None:
+        return self._batches() if self.up.batched else None
+
+    async def _batches(self) -> AsyncIterator[Sequence[tuple[Any, Any]]]:
+        """Everything queued at once, as one batch (ending or raising after it)."""
+        self.up.opened += 1
+        queue = self.up.queue
+        while True:
+            batch: list[tuple[Any, Any]] = []
+            item = await queue.get()
+            while item is not END and not isinstance(item, Exception):
+                batch.append((item, item))
+                if queue.empty():
+                    break
+                item = queue.get_nowait()
+            if batch:
+                yield batch
+            if item is END:
+                return
+            if isinstance(item, Exception):
+                raise item
 
     async def advance(self, batch: Sequence[AdvanceItem]) -> None:
         up = self.up

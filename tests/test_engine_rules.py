@@ -25,9 +25,10 @@ from acklane.core import (
 )
 
 
-@pytest.fixture
-def up() -> Upstream:
-    return Upstream(f"up-{uuid.uuid4().hex[:8]}")
+@pytest.fixture(params=["open_stream", "open_batches"])
+def up(request: pytest.FixtureRequest) -> Upstream:
+    """Every rule holds whether the producer yields records one by one or in batches."""
+    return Upstream(f"up-{uuid.uuid4().hex[:8]}", batched=request.param == "open_batches")
 
 
 @pytest.fixture

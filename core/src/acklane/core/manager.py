@@ -503,45 +503,53 @@ class _Group:
             await _aclose_iter(stream)
 
     async def _poll_ack(self, producer: SharedStreamProducer) -> None:
-        stream = producer.open_stream()
+        batches = producer.open_batches()
+        stream: AsyncIterator[Any] = producer.open_stream() if batches is None else batches
+        if batches is None:
+            batches = _one_at_a_time(stream)
         maxq = self.manager.max_subscriber_queue
         get_lane = producer.get_advance_lane
         lanes = self.lanes
         stats = self.stats
         try:
-            async for raw, payload in stream:
-                lane = get_lane(payload)
-                try:
-                    lane_q = lanes.get(lane)
-                except TypeError as exc:
-                    raise TypeError(f"advance lane {lane!r} is not hashable") from exc
-                if lane_q is None:
-                    lane_q = self._new_lane(lane)
-                members = self.members
-                entry = _Entry(payload, raw, lane, lane_q, _monotonic(), len(members))
-                lane_q.append(entry)
-                stats.broadcast += 1
-                if not members:
-                    stats.unclaimed += 1
-                    if lane_q[0] is entry:
-                        self._lane_ready(entry)
-                    continue
-                filled = False
-                for sub in members:
-                    queue = sub.queue
-                    if len(queue) >= maxq:
-                        queue.append(entry)  # counted in this event too, then failed with the rest
-                        self._overflow(sub, maxq)
+            async for batch in batches:
+                now = _monotonic()
+                for raw, payload in batch:
+                    lane = get_lane(payload)
+                    try:
+                        lane_q = lanes.get(lane)
+                    except TypeError as exc:
+                        raise TypeError(f"advance lane {lane!r} is not hashable") from exc
+                    if lane_q is None:
+                        lane_q = self._new_lane(lane)
+                    members = self.members
+                    entry = _Entry(payload, raw, lane, lane_q, now, len(members))
+                    lane_q.append(entry)
+                    stats.broadcast += 1
+                    if not members:
+                        stats.unclaimed += 1
+                        if lane_q[0] is entry:
+                            self._lane_ready(entry)
                         continue
-                    queue.append(entry)
-                    if sub.waiter is not None:
-                        sub.wake()
-                    if len(queue) >= maxq:
-                        filled = True
-                if filled and self.pausing:
-                    await self._wait_for_room(maxq)
+                    filled = False
+                    for sub in members:
+                        queue = sub.queue
+                        if len(queue) >= maxq:
+                            queue.append(entry)  # counted in this event too, then failed
+                            self._overflow(sub, maxq)
+                            continue
+                        queue.append(entry)
+                        if sub.waiter is not None:
+                            sub.wake()
+                        if len(queue) >= maxq:
+                            filled = True
+                    if filled and self.pausing:
+                        await self._wait_for_room(maxq)
+                        now = _monotonic()
         finally:
-            await _aclose_iter(stream)
+            await _aclose_iter(batches)
+            if batches is not stream:
+                await _aclose_iter(stream)
 
     def _overflow(self, sub: _Subscriber, maxq: int) -> None:
         log.warning(
@@ -719,6 +727,12 @@ class _Group:
 
 
 _EMPTY_LANE: deque[_Entry] = deque()
+
+
+async def _one_at_a_time(stream: AsyncIterator[Any]) -> AsyncIterator[tuple[Any, ...]]:
+    """``open_stream``'s pairs as batches of one, for producers without ``open_batches``."""
+    async for pair in stream:
+        yield (pair,)
 
 
 async def _aclose_iter(stream: Any) -> None:

@@ -2,59 +2,19 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Any, NamedTuple
+from typing import Any
 
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE
 
 from acklane.core.message import RawMessage
 
-__all__ = ["Clock", "KafkaDelivery", "KafkaMessage", "deliver", "message_id_of"]
+__all__ = ["KafkaDelivery", "KafkaMessage", "message_id_of"]
 
 Headers = tuple[tuple[str, bytes | None], ...]
 
-
-@dataclass(slots=True)
-class KafkaMessage(RawMessage):
-    """One Kafka record as filters receive it.
-
-    ``body`` is the value (``b""`` for a tombstone), ``attributes`` the headers
-    decoded as UTF-8 (the last value of a repeated header wins; ``headers`` keeps
-    them all, as bytes), ``key`` the key decoded as UTF-8 (``key_bytes`` is exact),
-    ``message_id`` ``"topic/partition/offset"``, ``publish_time`` = ``timestamp``.
-    """
-
-    topic: str = ""
-    partition: int = 0
-    offset: int = 0
-    timestamp: datetime | None = None
-    headers: Headers = ()
-    key_bytes: bytes | None = None
-    tombstone: bool = False
-
-
-class KafkaDelivery(NamedTuple):
-    """The broker payload of one delivered record: the message and the assignment it came in.
-
-    ``generation`` tells deliveries of one partition apart across rebalances: an
-    advance of a delivery from an earlier assignment is skipped, never committed.
-    ``lane`` is ``(topic, partition)``; ``message_id`` is ``"topic/partition/offset"``.
-    """
-
-    message: Any  # confluent_kafka.Message
-    generation: int
-    lane: tuple[str, int]
-    offset: int
-    message_id: str
-
-    @property
-    def topic(self) -> str:
-        return self.lane[0]
-
-    @property
-    def partition(self) -> int:
-        return self.lane[1]
+_UNSET: Any = object()
 
 
 def message_id_of(message: Any) -> str:
@@ -66,55 +26,123 @@ def _text(data: bytes) -> str:
     return data.decode("utf-8", errors="replace")
 
 
-class Clock:
-    """Timestamps as datetimes; records of one produce burst share a millisecond."""
+class KafkaMessage(RawMessage):
+    """One Kafka record, as filters receive it and as the producer's books keep it.
 
-    __slots__ = ("ms", "when")
+    ``body`` is the value (``b""`` for a tombstone), ``attributes`` the headers
+    decoded as UTF-8 (the last value of a repeated header wins; ``headers`` keeps
+    them all, as bytes), ``key`` the key decoded as UTF-8 (``key_bytes`` is exact),
+    ``message_id`` ``"topic/partition/offset"``, ``publish_time`` = ``timestamp``,
+    ``native`` (also ``message``) the confluent-kafka ``Message``.
 
-    def __init__(self) -> None:
-        self.ms: int | None = None
-        self.when: datetime | None = None
+    The same object is the producer's broker payload: ``lane`` is
+    ``(topic, partition)`` and ``generation`` tells deliveries of one partition
+    apart across rebalances (an advance of a record from an earlier assignment is
+    skipped, never committed).
 
-    def at(self, ts_type: int, ms: int | None) -> datetime | None:
-        if ts_type == TIMESTAMP_NOT_AVAILABLE or ms is None or ms < 0:
-            return None
-        if ms != self.ms:
-            self.ms, self.when = ms, datetime.fromtimestamp(ms / 1000, tz=UTC)
-        return self.when
+    Only ``message``, ``generation``, ``lane`` and ``offset`` are set when a record
+    arrives; every other field is read from the client's message when first asked
+    for, so a filter pays only for what it looks at.
+    """
+
+    __slots__ = ("_attributes", "_mid", "_when", "generation", "lane", "message", "offset")
+
+    message: Any  # confluent_kafka.Message
+    generation: int
+    lane: tuple[str, int]
+    offset: int
+
+    def __init__(self, message: Any, generation: int, lane: tuple[str, int], offset: int) -> None:
+        self.message = message
+        self.generation = generation
+        self.lane = lane
+        self.offset = offset
+        self._attributes = self._mid = self._when = _UNSET
+
+    # -- the producer's books
+
+    @property
+    def topic(self) -> str:
+        return self.lane[0]
+
+    @property
+    def partition(self) -> int:
+        return self.lane[1]
+
+    # -- RawMessage's fields, read lazily from the client's message
+
+    @property
+    def message_id(self) -> str:  # type: ignore[override]
+        mid: str = self._mid
+        if mid is _UNSET:
+            topic, partition = self.lane
+            mid = self._mid = f"{topic}/{partition}/{self.offset}"
+        return mid
+
+    @property
+    def body(self) -> bytes:  # type: ignore[override]
+        value: bytes | None = self.message.value()
+        return b"" if value is None else value
+
+    @property
+    def key(self) -> str | None:  # type: ignore[override]
+        key: bytes | None = self.message.key()
+        return None if key is None else _text(key)
+
+    @property
+    def key_bytes(self) -> bytes | None:
+        key: bytes | None = self.message.key()
+        return key
+
+    @property
+    def tombstone(self) -> bool:
+        return self.message.value() is None
+
+    @property
+    def headers(self) -> Headers:
+        raw = self.message.headers()
+        return tuple(raw) if raw else ()
+
+    @property
+    def attributes(self) -> Mapping[str, str]:  # type: ignore[override]
+        attributes: dict[str, str] = self._attributes
+        if attributes is _UNSET:
+            raw = self.message.headers()
+            attributes = {n: "" if v is None else _text(v) for n, v in raw} if raw else {}
+            self._attributes = attributes
+        return attributes
+
+    @property
+    def timestamp(self) -> datetime | None:
+        when: datetime | None = self._when
+        if when is _UNSET:
+            ts_type, ms = self.message.timestamp()
+            if ts_type == TIMESTAMP_NOT_AVAILABLE or ms is None or ms < 0:
+                when = None
+            else:
+                when = datetime.fromtimestamp(ms / 1000, tz=UTC)
+            self._when = when
+        return when
+
+    @property
+    def publish_time(self) -> datetime | None:  # type: ignore[override]
+        return self.timestamp
+
+    @property
+    def delivery_attempt(self) -> int | None:  # type: ignore[override]
+        return None  # Kafka does not count deliveries
+
+    @property
+    def source(self) -> str:  # type: ignore[override]
+        return self.lane[0]
+
+    @property
+    def native(self) -> Any:
+        return self.message
+
+    def __repr__(self) -> str:
+        return f"KafkaMessage({self.message_id!r}, body={self.body[:64]!r})"
 
 
-def deliver(
-    message: Any, generation: int, clock: Clock | None = None
-) -> tuple[KafkaDelivery, KafkaMessage]:
-    """The books' payload and the filters' record of one consumed confluent-kafka message."""
-    topic = message.topic()
-    partition = message.partition()
-    offset = message.offset()
-    message_id = f"{topic}/{partition}/{offset}"
-    value = message.value()
-    key = message.key()
-    raw_headers = message.headers()
-    if raw_headers:
-        headers: Headers = tuple(raw_headers)
-        attributes = {name: _text(v) if v is not None else "" for name, v in headers}
-    else:
-        headers, attributes = (), {}
-    when = (clock or Clock()).at(*message.timestamp())
-    raw = KafkaMessage(
-        b"" if value is None else value,
-        attributes,
-        None if key is None else _text(key),
-        message_id,
-        when,
-        None,
-        topic,
-        message,
-        topic,
-        partition,
-        offset,
-        when,
-        headers,
-        key,
-        value is None,
-    )
-    return KafkaDelivery(message, generation, (topic, partition), offset, message_id), raw
+#: The producer's broker payload is the record itself (see :class:`KafkaMessage`).
+KafkaDelivery = KafkaMessage

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable, Hashable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -20,7 +20,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from acklane.core.producer import AdvanceItem, SharedStreamProducer
 
 from ._config import KafkaConfig
-from ._message import Clock, KafkaDelivery, KafkaMessage, deliver
+from ._message import KafkaDelivery, KafkaMessage
 
 __all__ = [
     "DLQ_ORIGIN_GROUP",
@@ -39,8 +39,8 @@ _client_log = logging.getLogger("acklane.connectors.kafka.librdkafka")
 
 T = TypeVar("T")
 TP = tuple[str, int]
-# (seek epoch at fetch time, [(message, generation of its partition's assignment)])
-Fetched = tuple[int, list[tuple[Any, int]]]
+# (seek epoch at fetch time, the records fetched)
+Fetched = tuple[int, list[KafkaMessage]]
 
 # Headers added to a dead-letter copy (the same names as the memory connector's).
 DLQ_ORIGIN_TOPIC = "acklane.origin.topic"
@@ -97,6 +97,12 @@ def _tp(p: Any) -> TP:
     return (p.topic, p.partition)
 
 
+def _stale(record: KafkaMessage, epoch: int, sought: dict[TP, tuple[int, int]]) -> bool:
+    """Fetched before its partition was sought back to an offset at or before it."""
+    seek = sought.get(record.lane)
+    return seek is not None and seek[0] > epoch and record.offset >= seek[1]
+
+
 def _names(tps: Any) -> str:
     return ",".join(f"{t}[{p}]" for t, p in sorted(tps)) or "none"
 
@@ -132,7 +138,6 @@ class KafkaStreamProducer(SharedStreamProducer):
         self._paused_parts: set[TP] = set()
         self._deferred_seeks: dict[TP, int] = {}
         self._failure: KafkaError | None = None
-        self._clock = Clock()
         # Written on the consumer thread, read on the loop while a batch is handed out:
         # partition -> (seek epoch, offset) of its latest seek back to a held record.
         self._seek_epoch = 0
@@ -144,7 +149,20 @@ class KafkaStreamProducer(SharedStreamProducer):
     # -- the SharedStreamProducer interface
 
     async def open_stream(self) -> AsyncIterator[tuple[KafkaMessage, KafkaDelivery]]:
-        """Join the consumer group and yield its records, batch by batch, forever."""
+        """Join the consumer group and yield its records, one at a time, forever."""
+        batches = self.open_batches()
+        try:
+            async for batch in batches:
+                for pair in batch:
+                    yield pair
+        finally:
+            await batches.aclose()
+
+    async def open_batches(self) -> AsyncGenerator[list[tuple[KafkaMessage, KafkaDelivery]]]:
+        """Join the consumer group and yield its records, batch by batch, forever.
+
+        Each record is both the filters' raw event and the broker payload.
+        """
         if self._opened:
             raise RuntimeError(f"{self.config.describe()}: open_stream() may be called only once")
         if self._closed:
@@ -156,8 +174,8 @@ class KafkaStreamProducer(SharedStreamProducer):
         await self._call(self._connect)
         cfg = self.config
         sought = self._sought
-        # The next batch is fetched (and converted) on the consumer thread while this
-        # one is handed out; at most one fetch is ahead, and only if there is room.
+        # The next batch is fetched on the consumer thread while this one is handed
+        # out; at most one fetch is ahead, and only if there is room.
         ahead: asyncio.Future[Fetched] | None = None
         try:
             while True:
@@ -173,21 +191,16 @@ class KafkaStreamProducer(SharedStreamProducer):
                         ahead = self._submit(self._fetch, 1, True)
                 epoch, batch = await ahead
                 ahead = None
-                if batch:
-                    room = cfg.max_outstanding - self._outstanding - len(batch)
-                    if room > 0:
-                        ahead = self._submit(self._fetch, min(room, cfg.batch_size), False)
-                clock = self._clock
-                for message, generation in batch:
-                    # Built here, not on the consumer thread: Python work there would
-                    # only contend for the GIL and delay the commits queued behind it.
-                    delivery, raw = deliver(message, generation, clock)
-                    if sought:
-                        seek = sought.get(delivery.lane)
-                        if seek is not None and seek[0] > epoch and delivery.offset >= seek[1]:
-                            continue  # fetched before its partition was sought back
-                    self._outstanding += 1
-                    yield raw, delivery
+                if not batch:
+                    continue
+                room = cfg.max_outstanding - self._outstanding - len(batch)
+                if room > 0:
+                    ahead = self._submit(self._fetch, min(room, cfg.batch_size), False)
+                if sought:
+                    # fetched before their partition was sought back: they come again
+                    batch = [r for r in batch if not _stale(r, epoch, sought)]
+                self._outstanding += len(batch)
+                yield [(r, r) for r in batch]
         finally:
             if ahead is not None:
                 ahead.cancel()  # its records were not handed out: they are redelivered
@@ -363,9 +376,10 @@ class KafkaStreamProducer(SharedStreamProducer):
             )
         if self._paused:
             self._pause_new_partitions()  # assigned during this consume
-        out: list[tuple[Any, int]] = []
+        out: list[KafkaMessage] = []
         owned = self._owned
         awaiting = self._awaiting_floor
+        record = KafkaMessage
         for m in messages:
             error = m.error()
             if error is not None:
@@ -379,9 +393,10 @@ class KafkaStreamProducer(SharedStreamProducer):
             generation = owned.get(tp)
             if generation is None:
                 continue  # its partition was revoked within this consume
+            offset = m.offset()
             if awaiting:
-                self._check_floor_came_back(tp, m.offset())
-            out.append((m, generation))
+                self._check_floor_came_back(tp, offset)
+            out.append(record(m, generation, tp, offset))
         self.stats.delivered += len(out)
         return epoch, out
 
