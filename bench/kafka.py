@@ -33,7 +33,12 @@ from typing import Any
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from acklane.connectors.kafka import KafkaConfig, KafkaMessageTrigger, KafkaStreamProducer
+from acklane.connectors.kafka import (
+    KafkaConfig,
+    KafkaMessage,
+    KafkaMessageTrigger,
+    KafkaStreamProducer,
+)
 from acklane.core.manager import SharedStreamManager
 from acklane.core.producer import AdvanceItem, AdvanceOutcome
 from acklane.core.trigger import TriggerEvent
@@ -109,6 +114,57 @@ def bare_loop(kit: KafkaKit, topic: str, total: int) -> Result:
             )
         assert started is not None
         return Result("bare consume+commit", total, time.perf_counter() - started)
+    finally:
+        consumer.close()
+
+
+async def api_floor(kit: KafkaKit, topic: str, total: int) -> Result:
+    """The bare loop plus only what the filter API itself demands: no engine at all.
+
+    Each record becomes a ``KafkaMessage`` and passes through an async generator of
+    raw events into a filter (an async generator yielding one ``TriggerEvent``), as
+    a watcher's filter receives it; commits as the bare loop does, on the event
+    loop's thread (no hand-off). Whatever an engine keeping that API adds (fan-out,
+    lanes, binding, confirmation, the pump) comes on top: this is its ceiling.
+    """
+    consumer = Consumer(
+        {
+            "bootstrap.servers": kit.bootstrap_servers,
+            "group.id": KafkaKit.unique("bench-floor"),
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "auto.offset.reset": "earliest",
+            **group_settings(),
+        }
+    )
+    consumer.subscribe([topic])
+    consumed = 0
+    started: float | None = None
+
+    async def raw_stream() -> AsyncIterator[KafkaMessage]:
+        nonlocal consumed, started
+        while consumed < total:
+            last: dict[int, int] = {}
+            for m in consumer.consume(num_messages=BATCH, timeout=0.1):
+                if m.error() is None:
+                    if started is None:
+                        started = time.perf_counter()
+                    partition, offset = m.partition(), m.offset()
+                    yield KafkaMessage(m, 0, (topic, partition), offset)
+                    last[partition] = offset
+                    consumed += 1
+            if last:
+                consumer.commit(
+                    offsets=[TopicPartition(topic, p, o + 1) for p, o in last.items()],
+                    asynchronous=False,
+                )
+
+    watcher = BenchWatcher(**engine_config(kit, topic, "unused").model_dump(exclude_defaults=True))
+    try:
+        async for _event in watcher.filter_shared_stream(raw_stream()):
+            pass
+        assert started is not None
+        return Result("API floor (no engine)", total, time.perf_counter() - started)
     finally:
         consumer.close()
 
@@ -219,6 +275,7 @@ async def main() -> None:
         best: dict[str, Result] = {}
         for _ in range(args.repeat):
             runs = [await asyncio.to_thread(bare_loop, kit, topic, args.messages)]
+            runs.append(await api_floor(kit, topic, args.messages))
             runs.append(await producer_direct(kit, topic, args.messages))
             for n in args.watchers:
                 runs.append(await through_engine(kit, topic, args.messages, n))
