@@ -273,3 +273,48 @@ async def test_record_held_while_fetching_is_paused_is_redelivered_after_resumin
     assert kafka_kit.committed(config.group_id, topic) == {0: None}
     await driver.producer.advance(items([zero, one], CLEAN, CLEAN))
     assert kafka_kit.committed(config.group_id, topic) == {0: 2}
+
+
+async def test_a_rejected_record_over_librdkafkas_default_size_still_reaches_the_dlq(
+    kafka_kit: KafkaKit, make_kafka_config: MakeConfig, open_kafka_stream: OpenStream
+) -> None:
+    # Kafka brokers take records up to ~1 MiB (max.message.bytes 1048588), librdkafka's
+    # producer refuses anything over message.max.bytes (1000000 by default): a record
+    # in between would otherwise fail every advance, and its group forever.
+    from confluent_kafka import Producer
+
+    topic = kafka_kit.new_topic()
+    dlq = kafka_kit.new_topic("dlq")
+    big = b"x" * 1_030_000
+    source = Producer(
+        {"bootstrap.servers": kafka_kit.bootstrap_servers, "message.max.bytes": 2_000_000}
+    )
+    source.produce(topic, value=big, key=b"k")
+    assert source.flush(10) == 0
+    config = make_kafka_config(topic, dlq_topic=dlq)
+    driver = open_kafka_stream(config)
+
+    got = await driver.take(1)
+    await driver.producer.advance(items(got, rejected("too big to handle")))
+
+    assert kafka_kit.committed(config.group_id, topic) == {0: 1}
+    [copy] = kafka_kit.read(dlq, 1)
+    assert copy.value() == big
+
+
+async def test_a_dlq_copy_the_producer_refuses_fails_the_advance_naming_the_record(
+    kafka_kit: KafkaKit, make_kafka_config: MakeConfig, open_kafka_stream: OpenStream
+) -> None:
+    from acklane.connectors.kafka import KafkaAdvanceError
+
+    topic = kafka_kit.new_topic()
+    dlq = kafka_kit.new_topic("dlq")
+    kafka_kit.produce(topic, [b"ok", b"y" * 5000])
+    config = make_kafka_config(topic, dlq_topic=dlq, dlq_client={"message.max.bytes": 1000})
+    driver = open_kafka_stream(config)
+
+    got = await driver.take(2)
+    with pytest.raises(KafkaAdvanceError, match=rf"{topic}/0/1 .*message\.max\.bytes"):
+        await driver.producer.advance(items(got, CLEAN, rejected("no")))
+
+    assert kafka_kit.committed(config.group_id, topic) == {0: None}  # not even the clean one

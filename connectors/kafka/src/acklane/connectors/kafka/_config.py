@@ -26,6 +26,8 @@ _PROPERTY = re.compile(r"[a-z][a-z0-9_]*(\.[a-z0-9_]+)*")
 
 #: Client properties acklane owns: setting them on, or at all, would break its promise.
 _AUTO_COMMIT = ("enable.auto.commit", "enable.auto.offset.store")
+#: The DLQ producer's default ``message.max.bytes`` (librdkafka's own is 1,000,000).
+DLQ_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 _KEY_PROPERTIES = {"bootstrap.servers": "bootstrap_servers", "group.id": "group_id"}
 
 #: Consumer-only properties from ``client`` that the DLQ producer does not get
@@ -277,6 +279,11 @@ class KafkaConfig(BaseModel):
         shared = {k: v for k, v in self.client.items() if not k.startswith(_CONSUMER_ONLY_PREFIXES)}
         return {
             "bootstrap.servers": self.bootstrap_servers,
+            # librdkafka refuses records over 1,000,000 bytes by default, while brokers
+            # take up to ~1 MiB (and more, per topic): a consumed record must always fit
+            # in its DLQ copy, or it would fail every advance of its group. The broker
+            # still enforces the DLQ topic's own limit.
+            "message.max.bytes": DLQ_MAX_MESSAGE_BYTES,
             **self._security_properties(),
             **shared,
             **self.dlq_client,

@@ -9,6 +9,7 @@ floors, last commits) are touched only on that thread, so they need no lock.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -510,9 +511,9 @@ class KafkaStreamProducer(SharedStreamProducer):
             producer = self._dlq = Producer(settings)
         errors: list[str] = []
 
-        def delivered(error: KafkaError | None, _msg: Any) -> None:
+        def delivered(record_id: str, error: KafkaError | None, _msg: Any) -> None:
             if error is not None:
-                errors.append(error.str())
+                errors.append(f"{error.str()} (the copy of {record_id})")
 
         group = self.config.group_id
         for item in items:
@@ -533,11 +534,19 @@ class KafkaStreamProducer(SharedStreamProducer):
                         value=message.value(),
                         key=message.key(),
                         headers=headers,
-                        on_delivery=delivered,
+                        on_delivery=functools.partial(delivered, item.broker_payload.message_id),
                     )
                     break
                 except BufferError:
                     producer.poll(0.1)  # the local queue is full: let deliveries drain
+                except KafkaException as exc:
+                    size = len(message.value() or b"") + len(message.key() or b"")
+                    raise KafkaAdvanceError(
+                        f"cannot dead-letter {item.broker_payload.message_id} ({size} bytes of "
+                        f"key and value) to {topic!r}: {exc}; nothing was committed past it. A "
+                        f"copy larger than the DLQ producer allows needs a bigger "
+                        f"'message.max.bytes' in dlq_client"
+                    ) from exc
         remaining = producer.flush(self.config.dlq_flush_timeout)
         if remaining:
             raise KafkaAdvanceError(
