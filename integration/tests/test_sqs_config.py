@@ -151,3 +151,18 @@ def test_creating_a_producer_connects_to_nothing() -> None:
     producer = SqsConnector.create_producer({"queue_url": URL})
     assert producer.total_api_calls == 0
     assert producer.queue_url is None
+
+
+def test_botocore_models_are_preloaded_off_the_event_loop(caplog: pytest.LogCaptureFixture) -> None:
+    # The producer reads them on a thread before creating its client; this fails if a
+    # botocore upgrade moves them, so that the event loop would block on them again.
+    import aioboto3
+
+    from acklane.connectors.sqs._producer import _load_models
+
+    session = aioboto3.Session(region_name="eu-west-1")
+    with caplog.at_level("DEBUG", logger="acklane.connectors.sqs"):
+        _load_models(session)
+    assert not [r for r in caplog.records if "not preloaded" in r.getMessage()]
+    loader = session._session.get_component("data_loader")
+    assert loader.load_service_model("sqs", "service-2")["metadata"]["serviceId"] == "SQS"

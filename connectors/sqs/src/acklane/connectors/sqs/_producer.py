@@ -228,6 +228,9 @@ class SqsStreamProducer(SharedStreamProducer):
             retries={"mode": "standard", "max_attempts": 5},
             max_pool_connections=10,
         )
+        # Creating a client reads botocore's JSON models (~100 ms of blocking file and
+        # parse work): read them on a thread first, so the loop only finds them cached.
+        await asyncio.to_thread(_load_models, session)
         try:
             self._client = await self._stack.enter_async_context(
                 session.client(
@@ -764,3 +767,17 @@ def _packable(attributes: dict[str, dict[str, Any]]) -> dict[str, dict[str, str]
             entry["StringValue"] = str(value.get("StringValue", ""))
         packed[name] = entry
     return packed
+
+
+def _load_models(session: Any) -> None:
+    """Warm the session's botocore loader cache with what creating an SQS client reads.
+
+    Best-effort: if this botocore keeps its models elsewhere, the client loads them itself.
+    """
+    try:
+        loader = session._session.get_component("data_loader")
+        loader.load_service_model("sqs", "service-2")
+        for name in ("endpoints", "partitions", "sdk-default-configuration", "_retry"):
+            loader.load_data(name)
+    except Exception as exc:  # only a missed optimization
+        log.debug("botocore models not preloaded: %r", exc)
