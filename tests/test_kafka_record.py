@@ -1,0 +1,85 @@
+"""The Kafka record filters receive: fields read lazily from the client's message.
+
+The real-broker checks are in integration/tests/test_kafka_producer.py; these pin the
+lazy fields' edge cases (tombstones, missing keys and timestamps, repeated headers).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from confluent_kafka import TIMESTAMP_CREATE_TIME, TIMESTAMP_NOT_AVAILABLE
+
+from acklane.connectors.kafka import KafkaDelivery, KafkaMessage
+from acklane.core.message import BodyDecodeError, RawMessage
+
+
+class Native:
+    """What confluent-kafka's Message answers, with counters for the lazy reads."""
+
+    def __init__(
+        self,
+        value: bytes | None,
+        key: bytes | None = None,
+        headers: list[tuple[str, bytes | None]] | None = None,
+        timestamp: tuple[int, int] = (TIMESTAMP_CREATE_TIME, 1_700_000_000_000),
+    ) -> None:
+        self._value, self._key, self._headers, self._timestamp = value, key, headers, timestamp
+        self.header_reads = 0
+
+    def value(self) -> bytes | None:
+        return self._value
+
+    def key(self) -> bytes | None:
+        return self._key
+
+    def headers(self) -> list[tuple[str, bytes | None]] | None:
+        self.header_reads += 1
+        return self._headers
+
+    def timestamp(self) -> tuple[int, int]:
+        return self._timestamp
+
+
+def record(native: Any, offset: int = 7) -> KafkaMessage:
+    return KafkaMessage(native, 3, ("orders", 2), offset)
+
+
+def test_a_record_is_a_raw_message_and_its_own_broker_payload() -> None:
+    r = record(Native(b'{"n": 1}', key=b"k-1"))
+    assert isinstance(r, RawMessage)
+    assert KafkaDelivery is KafkaMessage
+    assert (r.topic, r.partition, r.offset) == ("orders", 2, 7)
+    assert (r.lane, r.generation) == (("orders", 2), 3)
+    assert r.message_id == "orders/2/7"
+    assert (r.body, r.key, r.key_bytes, r.source) == (b'{"n": 1}', "k-1", b"k-1", "orders")
+    assert r.json() == {"n": 1}
+    assert r.native is r.message
+    assert r.delivery_attempt is None
+    assert r.timestamp == r.publish_time == datetime(2023, 11, 14, 22, 13, 20, tzinfo=UTC)
+
+
+def test_headers_are_decoded_once_the_last_repeated_one_winning() -> None:
+    native = Native(b"x", headers=[("a", b"1"), ("a", b"2"), ("b", None), ("c", b"\xff")])
+    r = record(native)
+    assert native.header_reads == 0  # nothing is read before a filter asks
+    assert r.attributes == {"a": "2", "b": "", "c": "\ufffd"}
+    assert r.attributes is r.attributes and native.header_reads == 1
+    assert r.headers == (("a", b"1"), ("a", b"2"), ("b", None), ("c", b"\xff"))
+
+
+def test_a_tombstone_without_key_headers_or_timestamp() -> None:
+    r = record(Native(None, timestamp=(TIMESTAMP_NOT_AVAILABLE, 0)))
+    assert r.tombstone and r.body == b""
+    assert (r.key, r.key_bytes, r.attributes, r.headers, r.timestamp) == (None, None, {}, (), None)
+    with pytest.raises(BodyDecodeError, match="orders/2/7 body is not JSON"):
+        r.json()
+
+
+def test_repr_and_equality_follow_the_record() -> None:
+    native = Native(b"hello")
+    assert repr(record(native)) == "KafkaMessage('orders/2/7', body=b'hello')"
+    assert record(native) == record(native)
+    assert record(native) != record(native, offset=8)
