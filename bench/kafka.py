@@ -81,12 +81,12 @@ def group_settings() -> dict[str, Any]:
     return {**KafkaKit.FAST_GROUP, "fetch.wait.max.ms": 100}
 
 
-def bare_loop(kit: KafkaKit, topic: str, total: int) -> Result:
-    """consume(500) then a synchronous commit of each partition's last offset, until done."""
+def plain_consumer(kit: KafkaKit, topic: str, prefix: str) -> Consumer:
+    """A confluent-kafka consumer of ``topic`` in a new group, auto-commit off."""
     consumer = Consumer(
         {
             "bootstrap.servers": kit.bootstrap_servers,
-            "group.id": KafkaKit.unique("bench-bare"),
+            "group.id": KafkaKit.unique(prefix),
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
             "auto.offset.reset": "earliest",
@@ -94,6 +94,12 @@ def bare_loop(kit: KafkaKit, topic: str, total: int) -> Result:
         }
     )
     consumer.subscribe([topic])
+    return consumer
+
+
+def bare_loop(kit: KafkaKit, topic: str, total: int) -> Result:
+    """consume(500) then a synchronous commit of each partition's last offset, until done."""
+    consumer = plain_consumer(kit, topic, "bench-bare")
     consumed = 0
     started: float | None = None
     try:
@@ -127,17 +133,7 @@ async def api_floor(kit: KafkaKit, topic: str, total: int) -> Result:
     loop's thread (no hand-off). Whatever an engine keeping that API adds (fan-out,
     lanes, binding, confirmation, the pump) comes on top: this is its ceiling.
     """
-    consumer = Consumer(
-        {
-            "bootstrap.servers": kit.bootstrap_servers,
-            "group.id": KafkaKit.unique("bench-floor"),
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "auto.offset.reset": "earliest",
-            **group_settings(),
-        }
-    )
-    consumer.subscribe([topic])
+    consumer = plain_consumer(kit, topic, "bench-floor")
     consumed = 0
     started: float | None = None
 
