@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Iterable, Sequence
 from typing import Any
 
 from acklane.core import (
@@ -85,10 +85,10 @@ class FakeProducer(SharedStreamProducer):
                 raise item
             yield item, item
 
-    def open_batches(self) -> AsyncIterator[Sequence[tuple[Any, Any]]] | None:
+    def open_batches(self) -> AsyncIterator[Iterable[tuple[Any, Any]]] | None:
         return self._batches() if self.up.batched else None
 
-    async def _batches(self) -> AsyncIterator[Sequence[tuple[Any, Any]]]:
+    async def _batches(self) -> AsyncIterator[Iterable[tuple[Any, Any]]]:
         """Everything queued at once, as one batch (ending or raising after it)."""
         self.up.opened += 1
         queue = self.up.queue

@@ -1,13 +1,16 @@
-"""Kafka producer bookkeeping with a stand-in consumer (the emulator cannot delete records).
+"""Kafka producer bookkeeping with a stand-in consumer.
 
-The real-broker behaviour is in integration/tests/test_kafka_producer.py; this covers a
-held record that is gone from the log (retention, compaction, DeleteRecords) when the
-partition is sought back to it, which tansu cannot produce.
+The real-broker behaviour is in integration/tests/test_kafka_producer.py; this covers
+what a broker cannot be made to do on cue: a held record that is gone from the log
+(retention, compaction, DeleteRecords) when the partition is sought back to it, which
+tansu cannot produce, and a seek back that lands while a batch is half handed out.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from confluent_kafka import TopicPartition
 
 from acklane.connectors.kafka import KafkaConfig, KafkaDelivery, KafkaStreamProducer
 from acklane.core.producer import AdvanceItem, AdvanceOutcome
@@ -91,3 +94,47 @@ def test_a_held_record_that_comes_back_keeps_its_floor_until_resolved() -> None:
     assert producer._floor == {("t", 0): 0}  # it came back: still held until resolved
     producer._advance([AdvanceItem(delivery(0), CLEAN), AdvanceItem(delivery(1), CLEAN)])
     assert consumer.commits[-1] == [(0, 2)] and producer._floor == {}
+
+
+class LogConsumer(StandInConsumer):
+    """One partition holding offsets 0..9; consume() reads on from where seek() put it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.position = 0
+
+    def consume(self, num_messages: int, timeout: float) -> list[Record]:
+        out = [Record(o) for o in range(self.position, min(10, self.position + num_messages))]
+        self.position += len(out)
+        return out
+
+    def seek(self, tp: Any) -> None:
+        super().seek(tp)
+        self.position = tp.offset
+
+    def close(self) -> None:
+        pass
+
+
+class LogProducer(KafkaStreamProducer):
+    def _connect(self) -> None:
+        self._consumer = LogConsumer()
+        self._on_assign(self._consumer, [TopicPartition("t", 0)])
+
+
+async def test_records_of_a_batch_sought_back_while_it_is_handed_out_are_not_handed_out() -> None:
+    producer = LogProducer(
+        KafkaConfig(bootstrap_servers="127.0.0.1:9", topics=["t"], group_id="g", poll_timeout=0.01)
+    )
+    stream = producer.open_stream()
+    try:
+        raw0, delivery0 = await anext(stream)
+        assert [raw0.offset, (await anext(stream))[0].offset] == [0, 1]  # of one batch of 10
+        await producer.advance([AdvanceItem(delivery0, FAILED)])  # held: sought back to 0
+        assert producer._consumer.seeks == [(0, 0)]
+        # 2..9 of that batch are stale: the redelivery comes next, from the held record
+        assert [(await anext(stream))[0].offset for _ in range(4)] == [0, 1, 2, 3]
+        assert producer._outstanding == 5  # 1, then 0..3 again: the stale ones never counted
+    finally:
+        await stream.aclose()
+        await producer.aclose()

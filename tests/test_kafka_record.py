@@ -83,3 +83,19 @@ def test_repr_and_equality_follow_the_record() -> None:
     assert repr(record(native)) == "KafkaMessage('orders/2/7', body=b'hello')"
     assert record(native) == record(native)
     assert record(native) != record(native, offset=8)
+
+
+def test_the_record_is_read_only_and_copies() -> None:
+    import copy
+
+    r = record(Native(b"hello", headers=[("a", b"1")]))
+    for name in ("offset", "lane", "generation", "message", "body", "message_id"):
+        with pytest.raises(AttributeError):
+            setattr(r, name, None)  # a filter must not change what gets committed
+    for twin in (copy.copy(r), copy.deepcopy(r)):
+        assert twin == r and twin is not r
+        assert (twin.message_id, twin.attributes, twin.native) == (
+            "orders/2/7",
+            {"a": "1"},
+            r.native,
+        )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Hashable, Sequence
+from collections.abc import AsyncIterator, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -50,12 +50,16 @@ class SharedStreamProducer(ABC):
         Returning normally is an error: the group fails with "stream ended".
         """
 
-    def open_batches(self) -> AsyncIterator[Sequence[tuple[Any, Any]]] | None:
+    def open_batches(self) -> AsyncIterator[Iterable[tuple[Any, Any]]] | None:
         """acklane's faster form of :meth:`open_stream`: the same pairs, a batch at a time.
 
         A producer that already receives records in batches (Kafka's ``consume``) may
-        return an async generator of lists of ``(raw_event, broker_payload)`` pairs; the
-        engine then broadcasts a whole batch without resuming a generator per record.
+        return an async generator of iterables of ``(raw_event, broker_payload)`` pairs;
+        the engine then broadcasts a batch without resuming an async generator per
+        record. It takes the pairs one at a time, and may await between two of them (a
+        full queue with ``overflow="pause"``), so an ``advance`` can run in between: a
+        producer whose advance makes later records of the batch stale should yield a
+        lazy iterable that checks each pair as it is taken.
         The rules are those of :meth:`open_stream` (yield forever or raise; pairs in
         fan-out order; empty batches are allowed). The default, ``None``, means "use
         :meth:`open_stream`": Airflow's engine knows only that one, so a producer that

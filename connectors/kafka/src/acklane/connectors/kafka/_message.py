@@ -42,32 +42,52 @@ class KafkaMessage(RawMessage):
 
     Only ``message``, ``generation``, ``lane`` and ``offset`` are set when a record
     arrives; every other field is read from the client's message when first asked
-    for, so a filter pays only for what it looks at.
+    for, so a filter pays only for what it looks at. The record is read-only
+    (``copy.copy`` works; ``dataclasses.replace`` does not: build a
+    :class:`~acklane.core.message.RawMessage` instead).
     """
 
-    __slots__ = ("_attributes", "_mid", "_when", "generation", "lane", "message", "offset")
-
-    message: Any  # confluent_kafka.Message
-    generation: int
-    lane: tuple[str, int]
-    offset: int
+    __slots__ = ("_attributes", "_generation", "_lane", "_message", "_mid", "_offset", "_when")
 
     def __init__(self, message: Any, generation: int, lane: tuple[str, int], offset: int) -> None:
-        self.message = message
-        self.generation = generation
-        self.lane = lane
-        self.offset = offset
+        self._message = message
+        self._generation = generation
+        self._lane = lane
+        self._offset = offset
         self._attributes = self._mid = self._when = _UNSET
 
-    # -- the producer's books
+    def __copy__(self) -> KafkaMessage:
+        return KafkaMessage(self._message, self._generation, self._lane, self._offset)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> KafkaMessage:
+        return self.__copy__()  # a read-only view of an immutable client message
+
+    # -- the producer's books (read-only: a filter must not change what gets committed)
+
+    @property
+    def message(self) -> Any:
+        """The confluent-kafka ``Message``."""
+        return self._message
+
+    @property
+    def generation(self) -> int:
+        return self._generation
+
+    @property
+    def lane(self) -> tuple[str, int]:
+        return self._lane
+
+    @property
+    def offset(self) -> int:
+        return self._offset
 
     @property
     def topic(self) -> str:
-        return self.lane[0]
+        return self._lane[0]
 
     @property
     def partition(self) -> int:
-        return self.lane[1]
+        return self._lane[1]
 
     # -- RawMessage's fields, read lazily from the client's message
 
@@ -75,39 +95,39 @@ class KafkaMessage(RawMessage):
     def message_id(self) -> str:  # type: ignore[override]
         mid: str = self._mid
         if mid is _UNSET:
-            topic, partition = self.lane
-            mid = self._mid = f"{topic}/{partition}/{self.offset}"
+            topic, partition = self._lane
+            mid = self._mid = f"{topic}/{partition}/{self._offset}"
         return mid
 
     @property
     def body(self) -> bytes:  # type: ignore[override]
-        value: bytes | None = self.message.value()
+        value: bytes | None = self._message.value()
         return b"" if value is None else value
 
     @property
     def key(self) -> str | None:  # type: ignore[override]
-        key: bytes | None = self.message.key()
+        key: bytes | None = self._message.key()
         return None if key is None else _text(key)
 
     @property
     def key_bytes(self) -> bytes | None:
-        key: bytes | None = self.message.key()
+        key: bytes | None = self._message.key()
         return key
 
     @property
     def tombstone(self) -> bool:
-        return self.message.value() is None
+        return self._message.value() is None
 
     @property
     def headers(self) -> Headers:
-        raw = self.message.headers()
+        raw = self._message.headers()
         return tuple(raw) if raw else ()
 
     @property
     def attributes(self) -> Mapping[str, str]:  # type: ignore[override]
         attributes: dict[str, str] = self._attributes
         if attributes is _UNSET:
-            raw = self.message.headers()
+            raw = self._message.headers()
             attributes = {n: "" if v is None else _text(v) for n, v in raw} if raw else {}
             self._attributes = attributes
         return attributes
@@ -116,7 +136,7 @@ class KafkaMessage(RawMessage):
     def timestamp(self) -> datetime | None:
         when: datetime | None = self._when
         if when is _UNSET:
-            ts_type, ms = self.message.timestamp()
+            ts_type, ms = self._message.timestamp()
             if ts_type == TIMESTAMP_NOT_AVAILABLE or ms is None or ms < 0:
                 when = None
             else:
@@ -134,11 +154,11 @@ class KafkaMessage(RawMessage):
 
     @property
     def source(self) -> str:  # type: ignore[override]
-        return self.lane[0]
+        return self._lane[0]
 
     @property
     def native(self) -> Any:
-        return self.message
+        return self._message
 
     def __repr__(self) -> str:
         return f"KafkaMessage({self.message_id!r}, body={self.body[:64]!r})"

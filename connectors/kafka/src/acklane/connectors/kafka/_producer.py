@@ -11,7 +11,15 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Hashable, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Callable,
+    Hashable,
+    Iterable,
+    Iterator,
+    Sequence,
+)
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -159,7 +167,7 @@ class KafkaStreamProducer(SharedStreamProducer):
         finally:
             await batches.aclose()
 
-    async def open_batches(self) -> AsyncGenerator[list[tuple[KafkaMessage, KafkaDelivery]]]:
+    async def open_batches(self) -> AsyncGenerator[Iterable[tuple[KafkaMessage, KafkaDelivery]]]:
         """Join the consumer group and yield its records, batch by batch, forever.
 
         Each record is both the filters' raw event and the broker payload.
@@ -174,7 +182,6 @@ class KafkaStreamProducer(SharedStreamProducer):
         )
         await self._call(self._connect)
         cfg = self.config
-        sought = self._sought
         # The next batch is fetched on the consumer thread while this one is handed
         # out; at most one fetch is ahead, and only if there is room.
         ahead: asyncio.Future[Fetched] | None = None
@@ -197,14 +204,24 @@ class KafkaStreamProducer(SharedStreamProducer):
                 room = cfg.max_outstanding - self._outstanding - len(batch)
                 if room > 0:
                     ahead = self._submit(self._fetch, min(room, cfg.batch_size), False)
-                if sought:
-                    # fetched before their partition was sought back: they come again
-                    batch = [r for r in batch if not _stale(r, epoch, sought)]
-                self._outstanding += len(batch)
-                yield [(r, r) for r in batch]
+                yield self._hand_out(batch, epoch)
         finally:
             if ahead is not None:
                 ahead.cancel()  # its records were not handed out: they are redelivered
+
+    def _hand_out(self, batch: list[KafkaMessage], epoch: int) -> Iterator[tuple[Any, Any]]:
+        """The batch's records as the engine takes them, each checked at that moment.
+
+        An advance may seek a partition back while a batch is being handed out (the
+        engine pauses mid-batch for a full queue): the records of that partition at or
+        after the held offset are then stale and are not handed out; they come again.
+        """
+        sought = self._sought
+        for record in batch:
+            if sought and _stale(record, epoch, sought):
+                continue
+            self._outstanding += 1
+            yield record, record
 
     async def advance(self, batch: Sequence[AdvanceItem]) -> None:
         """Commit, dead-letter or hold, per partition, for a resolved prefix of one lane."""
