@@ -206,17 +206,34 @@ class _Subscriber:
     async def raw_stream(self) -> AsyncIterator[Any]:
         """What the filter iterates: this subscriber's share of the broadcast."""
         queue = self.queue
+        group = self.group
+        stats = group.stats
+        acking = group.acking
         loop = asyncio.get_running_loop()
         try:
             while True:
                 entry = self.current
                 if entry is not None:
                     binding = self.binding
-                    if binding is not None and binding.pending == 0 and not self.rejected_current:
-                        # the common case, inlined: every yield already confirmed
-                        self.current = self.binding = None
-                        binding.moved = binding.done = True
-                        self.group.resolve(entry, 0)
+                    if (
+                        acking
+                        and not self.rejected_current
+                        and (binding is None or binding.pending == 0)
+                    ):
+                        # move_past() + resolve(entry, 0) inlined for the common cases (this
+                        # runs once per delivery): the filter yielded nothing for the event,
+                        # or every yield is already confirmed, so it is acked now.
+                        self.current = None
+                        if binding is not None:
+                            self.binding = None
+                            binding.moved = binding.done = True
+                        if not group.frozen:
+                            entry.acked += 1
+                            stats.acked += 1
+                            remaining = entry.remaining - 1
+                            entry.remaining = remaining
+                            if remaining == 0 and entry.lane_q[0] is entry:
+                                group._lane_ready(entry)
                     else:
                         self.move_past()
                 if self.failure is not None:
@@ -235,7 +252,6 @@ class _Subscriber:
                         continue
                 entry = queue.popleft()
                 self.current = entry
-                group = self.group
                 if group.room_for is self and len(queue) <= group.low_water:
                     group.wake_poll()
                 current_window.set(self)
@@ -504,15 +520,18 @@ class _Group:
 
     async def _poll_ack(self, producer: SharedStreamProducer) -> None:
         batches = producer.open_batches()
+        # Airflow's form (open_stream) yields one pair per step: iterate it directly and
+        # make each pair a batch of one here, not in a wrapping generator (that would
+        # cost one more async generator step per raw event).
+        single = batches is None
         stream: AsyncIterator[Any] = producer.open_stream() if batches is None else batches
-        if batches is None:
-            batches = _one_at_a_time(stream)
         maxq = self.manager.max_subscriber_queue
         get_lane = producer.get_advance_lane
         lanes = self.lanes
         stats = self.stats
         try:
-            async for batch in batches:
+            async for item in stream:
+                batch: Iterable[tuple[Any, Any]] = (item,) if single else item
                 now = _monotonic()
                 for raw, payload in batch:
                     lane = get_lane(payload)
@@ -547,9 +566,7 @@ class _Group:
                         await self._wait_for_room(maxq)
                         now = _monotonic()
         finally:
-            await _aclose_iter(batches)
-            if batches is not stream:
-                await _aclose_iter(stream)
+            await _aclose_iter(stream)
 
     def _overflow(self, sub: _Subscriber, maxq: int) -> None:
         log.warning(
@@ -727,12 +744,6 @@ class _Group:
 
 
 _EMPTY_LANE: deque[_Entry] = deque()
-
-
-async def _one_at_a_time(stream: AsyncIterator[Any]) -> AsyncIterator[tuple[Any, ...]]:
-    """``open_stream``'s pairs as batches of one, for producers without ``open_batches``."""
-    async for pair in stream:
-        yield (pair,)
 
 
 async def _aclose_iter(stream: Any) -> None:
