@@ -19,9 +19,11 @@ __all__ = ["DEFAULT_URL", "async_engine", "is_sqlite", "normalize_url", "sync_en
 DEFAULT_URL = "sqlite:///acklane.db"
 
 _SQLITE_PRAGMAS = (
+    # First: switching a new database to WAL needs an exclusive lock, and several
+    # processes opening it at once must wait for each other, not fail "locked".
+    "PRAGMA busy_timeout=30000",
     "PRAGMA journal_mode=WAL",
     "PRAGMA synchronous=FULL",
-    "PRAGMA busy_timeout=30000",
     "PRAGMA foreign_keys=ON",
 )
 
