@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import textwrap
 import uuid
 from pathlib import Path
@@ -51,4 +53,34 @@ async def test_collector_exposes_broadcast_outcomes_advances_and_persisted(tmp_p
     assert "acklane_advanced_events_total" in text
     assert "acklane_event_outcomes_total{key=" in text
     assert 'acklane_events_persisted_total{kind="inserted"}' in text
+    assert 'acklane_connector_actions_total{action="delivered",key=' in text
+    assert 'acklane_connector_actions_total{action="dead_lettered",key=' in text
     MemoryBroker.remove(name)
+
+
+async def test_a_producer_whose_counters_fail_is_left_out_of_a_scrape() -> None:
+    from collections.abc import Mapping
+
+    from engine_harness import AckTrigger, FakeProducer, Upstream
+
+    from acklane.core import SharedStreamManager
+
+    class Broken(FakeProducer):
+        def counters(self) -> Mapping[str, float]:
+            raise RuntimeError("bug")
+
+    up = Upstream(f"up-{uuid.uuid4().hex[:8]}")
+    manager = SharedStreamManager()
+    trigger = AckTrigger(up.name)
+    events = manager.subscribe(trigger_id="t", trigger=trigger, key=trigger.shared_stream_key())
+    pending = asyncio.ensure_future(anext(events))
+    await asyncio.sleep(0.01)
+    assert manager.producer_counters() == {trigger.shared_stream_key(): {}}
+    group = manager._groups[trigger.shared_stream_key()]
+    group.producer = Broken(up)
+    assert manager.producer_counters() == {}  # logged, not raised
+    pending.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await pending
+    await events.aclose()
+    await manager.stop_all()

@@ -127,6 +127,8 @@ async def test_rejected_record_goes_to_the_dlq_with_origin_and_reason_headers_an
     assert ("acklane.origin.group", config.group_id.encode()) in headers
     assert ("acklane.reject.reason", b"not JSON; too old") in headers
     assert driver.producer.stats.dead_lettered == 1
+    counters = driver.producer.counters()  # what the metrics export
+    assert (counters["dead_lettered"], counters["commits"], counters["dropped"]) == (1, 1, 0)
 
 
 async def test_rejected_record_without_a_dlq_is_committed_past_and_counted_as_dropped(

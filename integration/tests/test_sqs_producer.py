@@ -218,6 +218,9 @@ async def test_rejected_item_lands_in_the_configured_dead_letter_queue(
         await stream.settle()
         assert await is_empty(queues, url)
         assert stream.producer.dead_lettered == 1
+        counters = stream.producer.counters()  # what the metrics export
+        assert (counters["dead_lettered"], counters["dropped"]) == (1, 0)
+        assert counters["api_calls"] == stream.producer.total_api_calls > 0
     [copy] = await queues.receive(dlq)
     attributes = {k: v["StringValue"] for k, v in copy["MessageAttributes"].items()}
     assert copy["Body"] == "poison"

@@ -12,7 +12,15 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Hashable, Iterable, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Callable,
+    Hashable,
+    Iterable,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
@@ -960,6 +968,19 @@ class SharedStreamManager:
     def group_stats(self) -> dict[Hashable, GroupStats]:
         """Counters of the live groups, by key."""
         return {key: g.stats for key, g in self._groups.items()}
+
+    def producer_counters(self) -> dict[Hashable, Mapping[str, float]]:
+        """Per live group, its producer's :meth:`~SharedStreamProducer.counters`."""
+        out: dict[Hashable, Mapping[str, float]] = {}
+        for key, group in self._groups.items():
+            producer = group.producer
+            if producer is None:
+                continue
+            try:
+                out[key] = producer.counters()
+            except Exception:  # a producer's bug must not break a metrics scrape
+                log.exception("producer counters failed key=%r", key)
+        return out
 
     def queue_depths(self) -> dict[tuple[Hashable, str], int]:
         """Raw events waiting in each subscriber's queue."""

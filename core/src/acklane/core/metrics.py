@@ -28,7 +28,8 @@ def _key(key: Hashable) -> str:
 
 
 class EngineCollector(Collector):
-    """Per group: events broadcast, outcomes, advances, lane heads waiting, queue depths."""
+    """Per group: events broadcast, outcomes, advances, lane heads waiting, queue depths,
+    and what its connector did on the broker."""
 
     def __init__(self, runner: Runner) -> None:
         self.runner = runner
@@ -75,7 +76,18 @@ class EngineCollector(Collector):
         )
         for (key, tid), n in manager.queue_depths().items():
             depth.add_metric([_key(key), tid], n)
+        actions = CounterMetricFamily(
+            "acklane_connector_actions",
+            "What each group's connector did on the broker (commits, dead-lettered, dropped, "
+            "redeliveries, ...)",
+            labels=["key", "action"],
+        )
+        for key, counters in manager.producer_counters().items():
+            k = _key(key)
+            for action, count in counters.items():
+                actions.add_metric([k, action], count)
         yield from (broadcast, outcomes, batches, advanced, seconds, unclaimed, heads, depth)
+        yield actions
         store = self.runner._store
         if store is not None:
             persisted = CounterMetricFamily(

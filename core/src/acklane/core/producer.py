@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Hashable, Iterable, Sequence
+from collections.abc import AsyncIterator, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -81,6 +81,15 @@ class SharedStreamProducer(ABC):
     def message_id(self, broker_payload: Any) -> str | None:
         """The broker's stable identity of the message, for dropping duplicates."""
         return None
+
+    def counters(self) -> Mapping[str, float]:
+        """acklane's addition: what this producer did on the broker so far, by name.
+
+        Cumulative counts such as commits, dead-lettered or dropped messages and
+        redeliveries; the runner exports them as ``acklane_connector_actions``.
+        Called at metrics scrape time, on the event loop's thread. Default: none.
+        """
+        return {}
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook, no-op by default
         """Flush and close the broker clients; called once, best-effort."""

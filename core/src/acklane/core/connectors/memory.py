@@ -494,6 +494,15 @@ class MemoryProducer(SharedStreamProducer):
     def stats(self) -> MemoryGroupStats:
         return self.broker.stats(self.config.group_id)
 
+    def counters(self) -> Mapping[str, float]:
+        s = self.stats
+        return {
+            "delivered": s.delivered,
+            "redelivered": s.redelivered,
+            "dead_lettered": s.dead_lettered,
+            "dropped": s.dropped,
+        }
+
     def held_offsets(self) -> dict[TopicPartition, list[int]]:
         """The offsets holding each partition back, lowest first (observability)."""
         return {tp: sorted(held) for tp, held in self._held.items() if held}

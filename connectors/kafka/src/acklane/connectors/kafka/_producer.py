@@ -18,10 +18,11 @@ from collections.abc import (
     Hashable,
     Iterable,
     Iterator,
+    Mapping,
     Sequence,
 )
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -233,6 +234,9 @@ class KafkaStreamProducer(SharedStreamProducer):
             self._outstanding -= len(batch)
             if self._outstanding < self.config.max_outstanding:
                 self._room.set()
+
+    def counters(self) -> Mapping[str, float]:
+        return asdict(self.stats)
 
     def get_advance_lane(self, broker_payload: Any) -> Hashable:
         return broker_payload.lane  # type: ignore[no-any-return]

@@ -9,7 +9,7 @@ import logging
 import math
 import time
 from collections import Counter, deque
-from collections.abc import AsyncGenerator, Hashable, Iterable, Sequence
+from collections.abc import AsyncGenerator, Hashable, Iterable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -212,6 +212,16 @@ class SqsStreamProducer(SharedStreamProducer):
     @property
     def total_api_calls(self) -> int:
         return sum(self.api_calls.values())
+
+    def counters(self) -> Mapping[str, float]:
+        return {
+            "deleted": self.deleted,
+            "released": self.released,
+            "dead_lettered": self.dead_lettered,
+            "dropped": self.dropped,
+            "visibility_extended": self.extended,
+            "api_calls": self.total_api_calls,
+        }
 
     async def _start(self) -> None:
         cfg = self.config
