@@ -19,6 +19,7 @@ an engine/baseline ratio of at least 0.7 with one watcher.
 
     uv run python bench/kafka.py
     uv run python bench/kafka.py --messages 50000 --partitions 8 --watchers 1 5 20
+    uv run python bench/kafka.py --pad 1000    # ~1 KB messages
 """
 
 from __future__ import annotations
@@ -61,14 +62,19 @@ class Result:
         return self.messages / self.seconds
 
 
-def fill(kit: KafkaKit, partitions: int, total: int) -> str:
-    """A topic holding ``total`` small JSON messages spread over ``partitions``."""
+def fill(kit: KafkaKit, partitions: int, total: int, pad: int = 0) -> str:
+    """A topic holding ``total`` JSON messages spread over ``partitions``.
+
+    Each is ``{"n": i}`` (about 10 bytes), plus a ``"pad"`` string of ``pad`` bytes.
+    """
     topic = kit.new_topic("bench", partitions=partitions)
     producer = Producer({"bootstrap.servers": kit.bootstrap_servers, "linger.ms": 20})
+    padding = b', "pad": "%s"' % (b"x" * pad) if pad else b""
     for i in range(total):
         while True:
             try:
-                producer.produce(topic, value=b'{"n": %d}' % i, partition=i % partitions)
+                value = b'{"n": %d%s}' % (i, padding)
+                producer.produce(topic, value=value, partition=i % partitions)
                 break
             except BufferError:
                 producer.poll(0.05)
@@ -254,6 +260,12 @@ async def main() -> None:
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--watchers", type=int, nargs="+", default=[1, 20])
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument(
+        "--pad",
+        type=int,
+        default=0,
+        help="bytes of padding per message (default: ~10-byte messages)",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
 
@@ -263,9 +275,10 @@ async def main() -> None:
             f"Kafka emulator: {emulator.backend} ({type(emulator).__name__}) at {emulator.endpoint}"
         )
         started = time.perf_counter()
-        topic = fill(kit, args.partitions, args.messages)
+        topic = fill(kit, args.partitions, args.messages, args.pad)
         print(
-            f"{args.messages} messages on {args.partitions} partitions produced in "
+            f"{args.messages} messages (+{args.pad} bytes of padding) on {args.partitions} "
+            f"partitions produced in "
             f"{time.perf_counter() - started:.1f}s; best of {args.repeat} runs each\n"
         )
         best: dict[str, Result] = {}

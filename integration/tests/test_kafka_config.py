@@ -80,6 +80,13 @@ def test_consumer_settings_always_turn_auto_commit_and_offset_store_off() -> Non
     assert settings["fetch.min.bytes"] == 10
 
 
+def test_the_consumer_backs_off_a_full_fetch_queue_briefly_unless_told_otherwise() -> None:
+    assert config().consumer_settings()["fetch.queue.backoff.ms"] == 50
+    assert "fetch.queue.backoff.ms" not in config().dlq_settings()  # consumer-only
+    tuned = config(client={"fetch.queue.backoff.ms": 200}).consumer_settings()
+    assert tuned["fetch.queue.backoff.ms"] == 200
+
+
 def test_key_is_servers_sorted_topics_and_group_and_tuning_is_not_part_of_it() -> None:
     a = config(bootstrap_servers="b:9092,a:9092", topics=["y", "x"], batch_size=10)
     b = config(bootstrap_servers=["a:9092", "b:9092"], topics=["x", "y"], poll_timeout=2.0)
