@@ -103,19 +103,19 @@ async def test_raw_events_are_raw_messages_with_key_headers_and_identity(
     assert message.json() == {"a": 1}
     assert message.key == "order-7"
     assert dict(message.attributes) == {"source": "web"}
-    assert message.message_id == "t/0/0"
+    assert message.message_id == f"memory:{broker.incarnation}/t/0/0"
     assert message.source == "t"
     assert message.delivery_attempt == 1
 
 
-async def test_message_id_is_topic_partition_offset_and_the_lane_is_topic_partition(
+async def test_message_id_names_broker_incarnation_and_offset_and_the_lane_is_topic_partition(
     broker: MemoryBroker,
 ) -> None:
     producer = producer_for(broker, topics=["p2"])
     broker.publish("p2", b"x", partition=1)
     async with opened(producer) as stream:
         [(_, payload)] = await take(stream, 1)
-        assert producer.message_id(payload) == "p2/1/0"
+        assert producer.message_id(payload) == f"memory:{broker.incarnation}/p2/1/0"
         assert producer.get_advance_lane(payload) == ("p2", 1)
 
 
@@ -506,3 +506,26 @@ async def test_a_reject_behind_a_held_record_is_judged_again_not_committed_past_
     finally:
         await stream.aclose()
         MemoryBroker.remove(name)
+
+
+def test_a_new_broker_of_the_same_name_never_reuses_a_message_identity() -> None:
+    # Offsets restart at 0 with every broker (every process); a store kept across
+    # runs must not take the new run's messages for redeliveries of the old ones.
+    first = MemoryBroker("reused")
+    second = MemoryBroker("reused")
+    first.publish("t", b"old", partition=0)
+    second.publish("t", b"new", partition=0)
+    [old] = first.records("t", 0)
+    [new] = second.records("t", 0)
+    assert old.offset == new.offset == 0
+    assert old.message_id != new.message_id
+
+
+def test_a_dead_letter_reason_is_bounded_so_the_copy_still_fits() -> None:
+    from acklane.core.deadletter import REASON_MAX_BYTES, TRUNCATED_MARK, reject_reason
+
+    long = reject_reason(["é" * 5000], 1)
+    assert len(long.encode("utf-8")) <= REASON_MAX_BYTES
+    assert long.endswith(TRUNCATED_MARK)
+    assert reject_reason([], 2) == "rejected by 2 watchers"
+    assert reject_reason(["", "too big"], 1) == "too big"

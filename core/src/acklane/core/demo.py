@@ -118,6 +118,11 @@ class _Row:
         return ", ".join(self.history) if self.history else "in flight"
 
 
+def _row_key(message_id: str) -> str:
+    """``partition/offset`` of a message id (the demo has one topic; ids end that way)."""
+    return "/".join(message_id.rsplit("/", 2)[-2:])
+
+
 _SHORT = {"big-orders": "big", "every-order": "every", "audit": "audit"}
 
 
@@ -128,7 +133,7 @@ class _DemoObserver(RunObserver):
         self.advances = 0
 
     def fired(self, watcher: str, event: TriggerEvent, message_id: str | None) -> None:
-        row = self.rows.get(message_id or "")
+        row = self.rows.get(_row_key(message_id or ""))
         if row is not None:
             row.fired[watcher] = row.fired.get(watcher, 0) + 1
 
@@ -139,7 +144,7 @@ class _DemoObserver(RunObserver):
             mid = (
                 payload.message_id if hasattr(payload, "message_id") else payload.record.message_id
             )
-            row = self.rows.get(mid)
+            row = self.rows.get(_row_key(mid))
             if row is None:
                 continue
             o = item.outcome
@@ -385,7 +390,7 @@ async def _run(broker: _DemoBroker, messages: int, console: Console) -> int:
         rows: dict[str, _Row] = {}
         for (mid, p, off), body in zip(broker.publish(bodies), bodies, strict=True):
             text = body.decode("utf-8", "replace").replace(", ", ",").replace(": ", ":")
-            rows[mid] = _Row(mid, f"{p}/{off}", text)
+            rows[f"{p}/{off}"] = _Row(mid, f"{p}/{off}", text)
         rows = dict(sorted(rows.items(), key=lambda kv: _position(kv[1].label)))
         observer = _DemoObserver(rows)
         runner = Runner(config, observer=observer)

@@ -27,6 +27,7 @@ import contextlib
 import itertools
 import threading
 import time
+import uuid
 import zlib
 from collections.abc import AsyncIterator, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,8 +36,9 @@ from typing import Any, ClassVar, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from ..deadletter import reject_reason
 from ..message import RawMessage
-from ..producer import AdvanceItem, SharedStreamProducer
+from ..producer import AdvanceItem, AdvanceOutcome, SharedStreamProducer
 from . import Connector
 
 __all__ = [
@@ -75,7 +77,7 @@ class MemoryRecord:
     headers: Mapping[str, str]
     timestamp: float
     tp: TopicPartition
-    message_id: str  # "topic/partition/offset"
+    message_id: str  # "memory:<broker incarnation>/topic/partition/offset"
 
 
 @dataclass(slots=True)
@@ -106,6 +108,10 @@ class MemoryBroker:
 
     def __init__(self, name: str, *, default_partitions: int = 3) -> None:
         self.name = name
+        #: Names this broker's life: offsets restart at 0 in every process, so a
+        #: message identity without it would be reused by a later run's messages
+        #: (and an event store kept across runs would take them for duplicates).
+        self.incarnation = uuid.uuid4().hex[:12]
         self.default_partitions = default_partitions
         self._lock = threading.Lock()
         self._topics: dict[str, _Topic] = {}
@@ -189,7 +195,7 @@ class MemoryBroker:
                 MappingProxyType(dict(headers or {})),
                 time.time(),
                 (topic, partition),
-                f"{topic}/{partition}/{offset}",
+                f"memory:{self.incarnation}/{topic}/{partition}/{offset}",
             )
             log.append(record)
             waiters = [c for c in self._consumers if topic in c.topics]
@@ -558,7 +564,7 @@ class MemoryProducer(SharedStreamProducer):
         committed = self._committed
         held_by_tp = self._held
         candidates: dict[TopicPartition, int] = {}
-        rejected: dict[TopicPartition, dict[int, tuple[MemoryPayload, tuple[str, ...]]]] = {}
+        rejected: dict[TopicPartition, dict[int, tuple[MemoryPayload, AdvanceOutcome]]] = {}
         to_seek: set[TopicPartition] = set()
         for payload, outcome in batch:
             record = payload.record
@@ -583,7 +589,7 @@ class MemoryProducer(SharedStreamProducer):
             if offset >= candidates.get(tp, 0):
                 candidates[tp] = offset + 1
             if outcome.rejected:
-                rejected.setdefault(tp, {})[offset] = (payload, outcome.reject_reasons)
+                rejected.setdefault(tp, {})[offset] = (payload, outcome)
             elif rejected:
                 rejected.get(tp, {}).pop(offset, None)  # a later copy was accepted
 
@@ -603,7 +609,7 @@ class MemoryProducer(SharedStreamProducer):
         self,
         consumer: MemoryConsumer,
         commits: Mapping[TopicPartition, int],
-        rejected: Mapping[TopicPartition, Mapping[int, tuple[MemoryPayload, tuple[str, ...]]]],
+        rejected: Mapping[TopicPartition, Mapping[int, tuple[MemoryPayload, AdvanceOutcome]]],
     ) -> None:
         """Copy the rejected items the commit is about to pass to the DLQ, or count them."""
         dlq = self.config.dlq_topic
@@ -613,7 +619,7 @@ class MemoryProducer(SharedStreamProducer):
             for offset in sorted(rejected.get(tp, {})):
                 if not start <= offset < target:
                     continue
-                payload, reasons = rejected[tp][offset]
+                payload, outcome = rejected[tp][offset]
                 if dlq is None:
                     dropped += 1
                     continue
@@ -622,7 +628,7 @@ class MemoryProducer(SharedStreamProducer):
                 headers[DLQ_ORIGIN_TOPIC] = record.topic
                 headers[DLQ_ORIGIN_PARTITION] = str(record.partition)
                 headers[DLQ_ORIGIN_OFFSET] = str(record.offset)
-                headers[DLQ_REASON] = "; ".join(reasons) or "rejected by a watcher"
+                headers[DLQ_REASON] = reject_reason(outcome.reject_reasons, outcome.rejected)
                 consumer.broker.publish(dlq, record.value, record.key, headers)
                 dead += 1
         if dead or dropped:
