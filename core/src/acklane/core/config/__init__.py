@@ -1,0 +1,47 @@
+"""The YAML configuration: pydantic models, loading, and errors that say where.
+
+Every problem is reported as ``file:line: field.path: what was expected``, and all
+of a file's problems are reported at once in one :class:`ConfigError`. Loading
+checks everything that can be checked without connecting: field types, cross
+references (a watcher's stream), each stream's block against its connector's
+``config_model``, and each watcher's filter (import paths included).
+
+Top-level keys starting with ``x-`` are ignored (a place for YAML anchors).
+String values may use ``${NAME}`` and ``${NAME:-default}`` (the default applies
+when the variable is unset or empty) to keep secrets out of the file; ``$${``
+writes a literal ``${``.
+
+The package's modules, one concept each: ``_errors`` (the problem and error
+types), ``_models`` (the pydantic models of the YAML sections), ``_result`` (the
+validated configuration), ``_yaml`` (YAML with line numbers), ``_substitution``
+(``${NAME}``), ``_messages`` (pydantic errors as sentences) and ``_parse``
+(:func:`load_config` and :func:`parse_config`). Import from here, not from them.
+"""
+
+from ._errors import ConfigError, ConfigProblem, Loc, format_path
+from ._models import (
+    NAME_PATTERN,
+    EngineSettings,
+    MetricsSettings,
+    StoreSettings,
+    WatcherSettings,
+)
+from ._parse import load_config, parse_config
+from ._result import AcklaneConfig, StreamConfig, WatcherConfig
+
+__all__ = [
+    "NAME_PATTERN",
+    "AcklaneConfig",
+    "ConfigError",
+    "ConfigProblem",
+    "EngineSettings",
+    "Loc",
+    "MetricsSettings",
+    "StoreSettings",
+    "StreamConfig",
+    "WatcherConfig",
+    "WatcherSettings",
+    "format_path",
+    "load_config",
+    "parse_config",
+]

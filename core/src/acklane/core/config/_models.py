@@ -1,0 +1,89 @@
+"""The pydantic models of the YAML sections: what each field accepts, and its default."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
+
+from ..sql import DEFAULT_URL
+
+#: Stream and watcher names (watcher names are trigger ids, stream names label metrics).
+NAME_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$"
+_NAME_RE: Final = re.compile(NAME_PATTERN)
+_NAME_RULE: Final = "letters, digits, '_', '.' and '-', starting with a letter or digit"
+
+
+class _Settings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EngineSettings(_Settings):
+    """``engine:``: the shared stream manager and the runner."""
+
+    ack_timeout: float = Field(default=300.0, gt=0)
+    subscriber_queue_size: int = Field(default=1024, ge=1)
+    cohort_grace_period: float = Field(default=0.0, ge=0)
+    #: What a full subscriber queue does: "pause" the poll until it drains (a stuck
+    #: watcher is still failed by ack_timeout), or "fail" that watcher (Airflow's rule).
+    overflow: Literal["pause", "fail"] = "pause"
+    restart_backoff_initial: float = Field(default=1.0, gt=0)
+    restart_backoff_max: float = Field(default=60.0, gt=0)
+    shutdown_timeout: float = Field(default=30.0, gt=0)
+
+    @field_validator("restart_backoff_max")
+    @classmethod
+    def _max_not_below_initial(cls, value: float, info: ValidationInfo) -> float:
+        initial = info.data.get("restart_backoff_initial")
+        if initial is not None and value < initial:
+            raise ValueError(
+                f"must be at least restart_backoff_initial ({initial:g}), got {value:g}"
+            )
+        return value
+
+
+class StoreSettings(_Settings):
+    """``store:``: the event store's database."""
+
+    url: str = Field(default=DEFAULT_URL, min_length=1)
+    commit_interval_ms: float = Field(default=2.0, ge=0)
+
+    @field_validator("url")
+    @classmethod
+    def _parses(cls, value: str) -> str:
+        try:
+            make_url(value)
+        except (ArgumentError, ValueError):
+            raise ValueError(
+                "expected a database URL such as sqlite:///acklane.db or "
+                "postgresql://user@host:5432/db"
+            ) from None
+        return value
+
+
+class MetricsSettings(_Settings):
+    """``metrics:``: the Prometheus exporter (off when ``port`` is null)."""
+
+    port: int | None = Field(default=None, ge=1, le=65535)
+
+
+class WatcherSettings(_Settings):
+    """One entry of ``watchers:`` as written."""
+
+    name: Annotated[str, Field(pattern=NAME_PATTERN, max_length=200)]
+    stream: str = Field(min_length=1)
+    asset: str | None = Field(default=None, min_length=1)
+    #: Checked as a :class:`~acklane.core.filters.FilterSpec` on its own, so that its
+    #: problems are reported along with the others of the watcher.
+    filter: dict[str, Any] | None = None
+
+
+_SECTIONS: Final[dict[str, type[_Settings]]] = {
+    "engine": EngineSettings,
+    "store": StoreSettings,
+    "metrics": MetricsSettings,
+}
+_TOP_LEVEL: Final = ("engine", "store", "state", "metrics", "streams", "watchers")

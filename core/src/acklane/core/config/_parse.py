@@ -1,0 +1,348 @@
+"""Loading: read the YAML, validate each section, cross-check, and report all problems at once."""
+
+from __future__ import annotations
+
+import difflib
+import os
+from collections.abc import Hashable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Final, NamedTuple
+
+from pydantic import BaseModel, ValidationError
+
+from ..connectors import UnknownConnector, available_connectors, load_connector
+from ..filters import FilterSpec, FilterSpecError, compile_filter
+from ..stores.settings import StateStoreSettings
+from ._errors import ConfigError, ConfigProblem, Loc
+from ._messages import _describe, _got
+from ._models import (
+    _NAME_RE,
+    _NAME_RULE,
+    _SECTIONS,
+    _TOP_LEVEL,
+    EngineSettings,
+    MetricsSettings,
+    StoreSettings,
+    WatcherSettings,
+    _Settings,
+)
+from ._result import AcklaneConfig, StreamConfig, WatcherConfig
+from ._yaml import _Reader
+
+#: Connectors acklane ships as extras, for the install hint.
+_KNOWN_EXTRAS: Final = ("kafka", "sqs", "pubsub", "servicebus")
+
+
+def _report(
+    reader: _Reader,
+    exc: ValidationError,
+    root: type[BaseModel],
+    prefix: Loc = (),
+    extra: Sequence[str] = (),
+) -> None:
+    for error in exc.errors():
+        loc: Loc = tuple(p for p in error["loc"] if p != "[key]")
+        reader.problem((*prefix, *loc), _describe(error, root, loc, extra))
+
+
+def load_config(
+    path: str | os.PathLike[str], *, env: Mapping[str, str] | None = None
+) -> AcklaneConfig:
+    """Read and validate a YAML configuration file; raises :class:`ConfigError`."""
+    source = os.fspath(path)
+    try:
+        text = Path(source).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(
+            [
+                ConfigProblem(
+                    source, None, "", f"cannot read the configuration: {exc.strerror or exc}"
+                )
+            ]
+        ) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            [ConfigProblem(source, None, "", f"the configuration is not UTF-8 text: {exc}")]
+        ) from None
+    return parse_config(text, source=source, env=env)
+
+
+def parse_config(
+    text: str, *, source: str = "<string>", env: Mapping[str, str] | None = None
+) -> AcklaneConfig:
+    """Validate a configuration given as YAML text; ``source`` names it in errors."""
+    reader = _Reader(text, source, os.environ if env is None else env)
+    data = reader.read()
+    if reader.problems and data is None:
+        raise ConfigError(reader.problems)
+    if data is None:
+        reader.problem(
+            (), "the configuration is empty; expected a mapping with streams and watchers"
+        )
+        raise ConfigError(reader.problems)
+    if not isinstance(data, dict):
+        reader.problem(
+            (), f"expected a mapping with streams and watchers at the top, got {_got(data)}"
+        )
+        raise ConfigError(reader.problems)
+
+    for key in data:
+        if isinstance(key, str) and key.startswith("x-"):
+            continue  # extension fields: a place for YAML anchors, ignored
+        if key not in _TOP_LEVEL:
+            hint = difflib.get_close_matches(str(key), _TOP_LEVEL, n=1)
+            also = f"; did you mean {hint[0]!r}?" if hint else ""
+            reader.problem(
+                (key,), f"unknown field{also} (expected one of: {', '.join(_TOP_LEVEL)})"
+            )
+    sections = {name: _section(reader, data, name, model) for name, model in _SECTIONS.items()}
+    state_raw = _mapping(reader, data, "state", required=False)
+    stream_blocks = _stream_blocks(reader, data)
+    watcher_entries = _watcher_entries(reader, data)
+
+    streams = _streams(reader, stream_blocks)
+    watchers = _watchers(reader, watcher_entries, streams, known_streams=list(stream_blocks))
+    state = _state(reader, state_raw or {})
+    if reader.problems:
+        raise ConfigError(reader.problems)
+    engine, store, metrics = sections["engine"], sections["store"], sections["metrics"]
+    assert isinstance(engine, EngineSettings)
+    assert isinstance(store, StoreSettings)
+    assert isinstance(metrics, MetricsSettings)
+    return AcklaneConfig(
+        source=source,
+        engine=engine,
+        store=store,
+        state=state,
+        metrics=metrics,
+        streams=streams,
+        watchers=tuple(watchers),
+    )
+
+
+def _mapping(
+    reader: _Reader, data: Mapping[str, Any], name: str, *, required: bool
+) -> dict[str, Any] | None:
+    """A top-level mapping section (an empty one counts as ``{}``), or None after a problem."""
+    if name not in data:
+        if required:
+            reader.problem((name,), "required field is missing")
+        return None if required else {}
+    value = data[name]
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        reader.problem((name,), f"expected a mapping, got {_got(value)}")
+        return None
+    return value
+
+
+def _section(
+    reader: _Reader, data: Mapping[str, Any], name: str, model: type[_Settings]
+) -> _Settings | None:
+    raw = _mapping(reader, data, name, required=False)
+    if raw is None:
+        return None
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        _report(reader, exc, model, (name,))
+        return None
+
+
+def _stream_blocks(reader: _Reader, data: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    raw = _mapping(reader, data, "streams", required=True)
+    if raw is None:
+        return {}
+    if not raw:
+        reader.problem(("streams",), "expected at least one stream (name: {connector: ..., ...})")
+    blocks: dict[str, dict[str, Any]] = {}
+    for name, block in raw.items():
+        if not isinstance(name, str):
+            reader.problem(("streams", name), f"stream names are strings, got {_got(name)}")
+        elif not isinstance(block, dict):
+            reader.problem(
+                ("streams", name),
+                f"expected a mapping (connector: ..., and its fields), got {_got(block)}",
+            )
+        else:
+            blocks[name] = block
+    return blocks
+
+
+class _WatcherEntry(NamedTuple):
+    position: int
+    raw: dict[str, Any]
+    settings: WatcherSettings | None  # None when the entry has problems
+
+
+def _watcher_entries(reader: _Reader, data: Mapping[str, Any]) -> list[_WatcherEntry]:
+    if "watchers" not in data:
+        reader.problem(("watchers",), "required field is missing")
+        return []
+    raw = data["watchers"]
+    if not isinstance(raw, list):
+        reader.problem(("watchers",), f"expected a list of watchers, got {_got(raw)}")
+        return []
+    if not raw:
+        reader.problem(("watchers",), "expected at least one watcher")
+    entries: list[_WatcherEntry] = []
+    for index, item in enumerate(raw):
+        if not isinstance(item, dict):
+            reader.problem(
+                ("watchers", index),
+                f"expected a mapping (name, stream, asset, filter), got {_got(item)}",
+            )
+            continue
+        try:
+            settings: WatcherSettings | None = WatcherSettings.model_validate(item)
+        except ValidationError as exc:
+            _report(reader, exc, WatcherSettings, ("watchers", index))
+            settings = None
+        entries.append(_WatcherEntry(index, item, settings))
+    return entries
+
+
+def _streams(reader: _Reader, blocks: Mapping[str, dict[str, Any]]) -> dict[str, StreamConfig]:
+    streams: dict[str, StreamConfig] = {}
+    by_key: dict[tuple[Hashable, ...], StreamConfig] = {}
+    for name, block in blocks.items():
+        loc: Loc = ("streams", name)
+        if not _NAME_RE.match(name):
+            reader.problem(loc, f"stream names are made of {_NAME_RULE}; got {name!r}")
+        connector_name = block.get("connector")
+        if connector_name is None:
+            installed = sorted(available_connectors())
+            reader.problem(
+                (*loc, "connector"),
+                f"required field is missing: the connector that reads stream {name!r} "
+                f"(installed: {', '.join(installed) or 'none'})",
+            )
+            continue
+        if not isinstance(connector_name, str):
+            reader.problem(
+                (*loc, "connector"), f"expected a connector name, got {_got(connector_name)}"
+            )
+            continue
+        try:
+            connector = load_connector(connector_name)
+        except UnknownConnector:
+            installed = sorted(available_connectors())
+            hint = difflib.get_close_matches(connector_name, installed, n=1)
+            text = f"stream {name!r} uses connector {connector_name!r}, which is not installed"
+            text += f"; did you mean {hint[0]!r}?" if hint else ""
+            text += f" (installed: {', '.join(installed) or 'none'})"
+            if connector_name in _KNOWN_EXTRAS:
+                text += f'; install it with: pip install "acklane[{connector_name}]"'
+            reader.problem((*loc, "connector"), text)
+            continue
+        except Exception as exc:
+            reader.problem(
+                (*loc, "connector"),
+                f"stream {name!r}: connector {connector_name!r} could not be loaded: "
+                f"{type(exc).__name__}: {exc}",
+            )
+            continue
+        options = {k: v for k, v in block.items() if k != "connector"}
+        try:
+            config = connector.config_model.model_validate(options)
+        except ValidationError as exc:
+            _report(reader, exc, connector.config_model, loc, extra=("connector",))
+            continue
+        stream = StreamConfig(name, connector_name, connector, config, options, reader.line_of(loc))
+        try:
+            key = stream.key
+            hash(key)
+        except Exception as exc:
+            reader.problem(
+                loc, f"connector {connector_name!r} could not derive a stream key: {exc}"
+            )
+            continue
+        twin = by_key.get(key)
+        if twin is not None and twin.config != config:
+            reader.problem(
+                loc,
+                f"reads the same upstream as stream {twin.name!r} (line {twin.line}) with "
+                "different settings; they would share one poll with the settings of whichever "
+                "starts first: make the two blocks identical or use one stream",
+            )
+        by_key.setdefault(key, stream)
+        streams[name] = stream
+    return streams
+
+
+def _watchers(
+    reader: _Reader,
+    entries: Sequence[_WatcherEntry],
+    streams: Mapping[str, StreamConfig],
+    *,
+    known_streams: Sequence[str],
+) -> list[WatcherConfig]:
+    """Cross-check and compile each watcher; each field is checked even if another failed."""
+    watchers: list[WatcherConfig] = []
+    seen: dict[str, int | None] = {}
+    for index, raw, settings in entries:
+        loc: Loc = ("watchers", index)
+        ok = settings is not None
+        name, stream = raw.get("name"), raw.get("stream")
+        if isinstance(name, str):
+            if name in seen:
+                reader.problem(
+                    (*loc, "name"),
+                    f"duplicate watcher name {name!r} (first at line {seen[name]}); "
+                    "watcher names are trigger ids and must be unique",
+                )
+                ok = False
+            else:
+                seen[name] = reader.line_of((*loc, "name"))
+        if isinstance(stream, str) and stream and stream not in known_streams:
+            hint = difflib.get_close_matches(stream, known_streams, n=1)
+            also = f"did you mean {hint[0]!r}? " if hint else ""
+            reader.problem(
+                (*loc, "stream"),
+                f"unknown stream {stream!r}; {also}known streams: "
+                f"{', '.join(known_streams) or 'none'}",
+            )
+            ok = False
+        spec = _filter_spec(reader, raw.get("filter"), (*loc, "filter"))
+        if spec is None:
+            continue
+        try:
+            compiled = compile_filter(spec, label=f"watcher {name}")
+        except FilterSpecError as exc:
+            for sub, message in exc.problems:
+                reader.problem((*loc, "filter", *sub), message)
+            continue
+        if ok and settings is not None and settings.stream in streams:
+            watchers.append(
+                WatcherConfig(
+                    name=settings.name,
+                    stream=settings.stream,
+                    asset=settings.asset,
+                    filter=None if settings.filter is None else spec.model_dump(exclude_none=True),
+                    compiled_filter=compiled,
+                    line=reader.line_of(loc),
+                )
+            )
+    return watchers
+
+
+def _filter_spec(reader: _Reader, raw: Any, loc: Loc) -> FilterSpec | None:
+    """The filter block validated, or None after reporting its problems."""
+    if raw is None:
+        return FilterSpec()
+    if not isinstance(raw, dict):
+        return None  # reported by WatcherSettings
+    try:
+        return FilterSpec.model_validate(raw)
+    except ValidationError as exc:
+        _report(reader, exc, FilterSpec, loc)
+        return None
+
+
+def _state(reader: _Reader, raw: dict[str, Any]) -> StateStoreSettings:
+    try:
+        return StateStoreSettings.model_validate(raw)
+    except ValidationError as exc:
+        _report(reader, exc, StateStoreSettings, ("state",))
+        return StateStoreSettings()

@@ -1,0 +1,68 @@
+"""The validated configuration the runner gets: frozen dataclasses, filters compiled."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel
+
+from ..connectors import Connector
+from ..filters import CompiledFilter
+from ..stores.settings import StateStoreSettings
+from ._models import EngineSettings, MetricsSettings, StoreSettings
+
+
+@dataclass(frozen=True, slots=True)
+class StreamConfig:
+    """One named stream: its connector class and its validated block."""
+
+    name: str
+    connector_name: str
+    connector: type[Connector]
+    config: BaseModel
+    #: The block as written (variables substituted), without ``connector``: JSON-able,
+    #: what a watcher carries so that the connector can validate it again.
+    options: dict[str, Any]
+    line: int | None = None
+
+    @property
+    def key(self) -> tuple[Hashable, ...]:
+        """The shared stream key of every watcher on this stream."""
+        return ("acklane", self.connector_name, *self.connector.stream_key(self.config))
+
+    def describe(self) -> str:
+        return self.connector.describe(self.config)
+
+
+@dataclass(frozen=True, slots=True)
+class WatcherConfig:
+    """One watcher, its filter compiled."""
+
+    name: str
+    stream: str
+    asset: str | None
+    #: The ``filter:`` block (normalized, JSON-able), or None for "every message fires".
+    filter: dict[str, Any] | None
+    compiled_filter: CompiledFilter
+    line: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AcklaneConfig:
+    """A validated configuration, ready for the runner."""
+
+    source: str
+    engine: EngineSettings
+    store: StoreSettings
+    state: StateStoreSettings
+    metrics: MetricsSettings
+    streams: Mapping[str, StreamConfig]
+    watchers: tuple[WatcherConfig, ...]
+
+    def watcher(self, name: str) -> WatcherConfig:
+        for w in self.watchers:
+            if w.name == name:
+                return w
+        raise KeyError(f"no watcher named {name!r} in {self.source}")

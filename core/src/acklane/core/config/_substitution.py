@@ -1,0 +1,43 @@
+"""``${NAME}`` and ``${NAME:-default}`` in string values, to keep secrets out of the file."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+
+_VARIABLE = re.compile(r"\$(\$?)\{([^{}]*)\}")
+_VARIABLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def substitute(value: str, env: Mapping[str, str], report: Callable[[str], None]) -> str:
+    """``value`` with its variables replaced from ``env``; ``$${`` writes a literal ``${``.
+
+    A reference that cannot be resolved is left as written and ``report`` is called
+    with the problem, so that all of a file's problems are found in one pass.
+    """
+
+    def replace(match: re.Match[str]) -> str:
+        escaped, inner = match.group(1), match.group(2)
+        if escaped:
+            return "${" + inner + "}"
+        name, sep, default = inner.partition(":-")
+        if not _VARIABLE_NAME.match(name):
+            report(
+                f"invalid variable reference ${{{inner}}}: expected ${{NAME}} or "
+                "${NAME:-default} (write $${ for a literal ${)"
+            )
+            return match.group(0)
+        current = env.get(name)
+        if current:
+            return current
+        if sep:
+            return default
+        if current is None:
+            report(
+                f"environment variable {name} is not set (write ${{{name}:-default}} "
+                "to give a default)"
+            )
+            return match.group(0)
+        return current
+
+    return _VARIABLE.sub(replace, value)

@@ -1,0 +1,151 @@
+"""YAML to plain data, recording the line of every path so that problems can say where."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import yaml
+
+from ._errors import ConfigProblem, Loc, format_path
+from ._substitution import substitute
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader without timestamp resolution: dates stay strings (JSON-able)."""
+
+
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+
+
+class _Reader:
+    """Builds plain Python data from the YAML node tree, recording the line of every path."""
+
+    _loader: _Loader
+
+    def __init__(self, text: str, source: str, env: Mapping[str, str]) -> None:
+        self.text = text
+        self.source = source
+        self.env = env
+        self.lines: dict[Loc, int] = {}
+        self.problems: list[ConfigProblem] = []
+        self._active: set[int] = set()
+
+    # locations and problems
+
+    def line_of(self, loc: Loc) -> int | None:
+        """The line of ``loc``, or of its nearest ancestor that is written in the file."""
+        loc = tuple(loc)
+        while True:
+            line = self.lines.get(loc)
+            if line is not None or not loc:
+                return line
+            loc = loc[:-1]
+
+    def problem(self, loc: Loc, message: str, *, line: int | None = None) -> None:
+        self.problems.append(
+            ConfigProblem(
+                self.source,
+                line if line is not None else self.line_of(loc),
+                format_path(loc),
+                message,
+            )
+        )
+
+    # parsing
+
+    def read(self) -> Any:
+        try:
+            self._loader = _Loader(self.text)  # checks the characters at once
+            try:
+                node = self._loader.get_single_node()
+                if node is None:
+                    return None
+                self.lines[()] = node.start_mark.line + 1
+                return self._build(node, ())
+            finally:
+                self._loader.dispose()
+        except yaml.MarkedYAMLError as exc:
+            self._syntax_problem(exc)
+        except yaml.reader.ReaderError as exc:
+            line = self.text.count("\n", 0, exc.position) + 1
+            self.problem(
+                (), f"YAML syntax error: {exc.reason} (character {exc.character!r})", line=line
+            )
+        except yaml.YAMLError as exc:  # pragma: no cover - every PyYAML error above is marked
+            self.problem((), f"YAML syntax error: {exc}")
+        return None
+
+    def _syntax_problem(self, exc: yaml.MarkedYAMLError) -> None:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark is not None else None
+        what = exc.problem or exc.context or "invalid YAML"
+        kind = (
+            "YAML error"
+            if isinstance(exc, yaml.constructor.ConstructorError)
+            else "YAML syntax error"
+        )
+        details = [f"column {mark.column + 1}"] if mark is not None else []
+        if exc.context and exc.problem and exc.context_mark is not None:
+            details.append(f"{exc.context} at line {exc.context_mark.line + 1}")
+        detail = f" ({'; '.join(details)})" if details else ""
+        self.problem((), f"{kind}: {what}{detail}", line=line)
+
+    def _build(self, node: yaml.Node, loc: Loc) -> Any:
+        if id(node) in self._active:
+            self.problem(loc, "a YAML alias refers to itself; recursive structures are not allowed")
+            return None
+        self._active.add(id(node))
+        try:
+            if isinstance(node, yaml.MappingNode) and node.tag == "tag:yaml.org,2002:map":
+                return self._build_mapping(node, loc)
+            if isinstance(node, yaml.SequenceNode) and node.tag == "tag:yaml.org,2002:seq":
+                items = []
+                for index, item in enumerate(node.value):
+                    self.lines[(*loc, index)] = item.start_mark.line + 1
+                    items.append(self._build(item, (*loc, index)))
+                return items
+            value = self._loader.construct_object(node, deep=True)
+            if isinstance(value, str) and "$" in value:
+                line = node.start_mark.line + 1
+                value = substitute(
+                    value, self.env, lambda message: self.problem(loc, message, line=line)
+                )
+            return value
+        finally:
+            self._active.discard(id(node))
+
+    def _build_mapping(self, node: yaml.MappingNode, loc: Loc) -> dict[Any, Any]:
+        own = {id(k) for k, _ in node.value if k.tag != "tag:yaml.org,2002:merge"}
+        self._loader.flatten_mapping(node)
+        result: dict[Any, Any] = {}
+        first: dict[Any, tuple[int, bool]] = {}
+        for key_node, value_node in node.value:
+            line = key_node.start_mark.line + 1
+            key = self._loader.construct_object(key_node, deep=True)
+            try:
+                hash(key)
+            except TypeError:
+                self.problem(
+                    loc, "a mapping key must be a plain value, not a mapping or list", line=line
+                )
+                continue
+            child = (*loc, key)
+            merged = id(key_node) not in own
+            if key in first:
+                first_line, first_merged = first[key]
+                if not first_merged:
+                    self.problem(
+                        child,
+                        f"duplicate key {key!r} (first at line {first_line}); "
+                        "remove one, YAML would silently keep the last",
+                        line=line,
+                    )
+                    continue
+            first[key] = (line, merged)
+            self.lines[child] = line
+            result[key] = self._build(value_node, child)
+        return result
