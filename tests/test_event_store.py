@@ -299,14 +299,16 @@ async def test_a_copy_in_the_same_batch_is_confirmed_and_stored_once(
     assert await store.count() == 1
 
 
-async def test_other_position_or_trigger_of_one_message_is_not_a_duplicate(
+async def test_other_position_trigger_or_stream_of_one_message_is_not_a_duplicate(
     store: EventStore,
 ) -> None:
     await store.put(rec(1, position=0))
     await store.put(rec(1, position=1))
     await store.put(rec(1, position=0, trigger="another-watcher"))
+    # The same id from another stream (cluster, queue, group) is another message.
+    await store.put(rec(1, position=0, stream_key="('kafka', 'orders', 'other-cluster')"))
     await store.flush()
-    assert await store.count() == 3
+    assert await store.count() == 4
 
 
 async def test_events_without_message_id_are_never_deduplicated(store: EventStore) -> None:

@@ -15,13 +15,16 @@ __all__ = [
     "StoredEvent",
     "encode_record",
     "storable_message_id",
+    "storable_stream_key",
 ]
 
 # The largest value of the INTEGER ``position`` column on both backends.
 _MAX_POSITION = 2**31 - 1
-# The indexed text columns stay well below PostgreSQL's b-tree entry limit (~2.7 kB).
+# The indexed text columns stay below PostgreSQL's b-tree entry limit (2704 bytes)
+# together: the dedupe index holds all three, plus the position.
 MAX_TRIGGER_ID_BYTES = 512
 MAX_MESSAGE_ID_BYTES = 1024
+MAX_STREAM_KEY_BYTES = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,7 +32,8 @@ class EventRecord:
     """One trigger event to persist, bound to the upstream message it came from."""
 
     trigger_id: str
-    #: Text form of the shared stream key.
+    #: Text form of the shared stream key. Part of the dedupe scope: a message id is
+    #: only trusted within the stream it came from.
     stream_key: str
     #: A JSON value (dict, list, str, int, float, bool, None).
     payload: Any
@@ -72,6 +76,7 @@ def encode_record(record: EventRecord) -> EncodedRow:
     if not trigger_id:
         raise ValueError("trigger_id must not be empty")
     _check_text("stream_key", record.stream_key, trigger_id, max_bytes=None)
+    stream_key = storable_stream_key(record.stream_key)
     message_id = record.message_id
     if message_id is not None:
         if not isinstance(message_id, str):
@@ -100,7 +105,7 @@ def encode_record(record: EventRecord) -> EncodedRow:
         strict = False
     if not strict:
         _payload_error(trigger_id, payload)
-    return (trigger_id, record.stream_key, text, message_id, position)
+    return (trigger_id, stream_key, text, message_id, position)
 
 
 def _refuse(obj: object) -> NoReturn:
@@ -118,17 +123,29 @@ def storable_message_id(message_id: str) -> str:
     The id only serves equality, and the digest keeps it: a redelivered copy still
     maps to the same row, and no broker's odd id can make a batch fail forever.
     """
-    if message_id.isascii():
-        if len(message_id) <= MAX_MESSAGE_ID_BYTES and "\x00" not in message_id:
-            return message_id
-        raw = message_id.encode("ascii")
+    return _storable(message_id, MAX_MESSAGE_ID_BYTES)
+
+
+def storable_stream_key(stream_key: str) -> str:
+    """``stream_key`` itself, or ``sha256:<hex>`` of it when it is longer than
+    MAX_STREAM_KEY_BYTES (many topics or brokers): the key is part of the dedupe
+    index, whose entries PostgreSQL bounds. Equality, hence dedupe, is kept; reads
+    filtering on a stream key map it the same way."""
+    return _storable(stream_key, MAX_STREAM_KEY_BYTES)
+
+
+def _storable(value: str, max_bytes: int) -> str:
+    if value.isascii():
+        if len(value) <= max_bytes and "\x00" not in value:
+            return value
+        raw = value.encode("ascii")
     else:
         try:
-            raw = message_id.encode("utf-8")
-            if len(raw) <= MAX_MESSAGE_ID_BYTES and "\x00" not in message_id:
-                return message_id
+            raw = value.encode("utf-8")
+            if len(raw) <= max_bytes and "\x00" not in value:
+                return value
         except UnicodeEncodeError:
-            raw = message_id.encode("utf-8", "surrogatepass")
+            raw = value.encode("utf-8", "surrogatepass")
     return "sha256:" + hashlib.sha256(raw).hexdigest()
 
 

@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy import (
     BigInteger,
     Column,
+    Connection,
     DateTime,
     Index,
     Integer,
@@ -18,19 +19,24 @@ from sqlalchemy import (
     Table,
     Text,
     func,
+    inspect,
     select,
+    update,
 )
-from sqlalchemy.engine import Row
+from sqlalchemy.engine import Dialect, Row
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.schema import CreateIndex
 
-from ._model import StoredEvent
+from ._model import MAX_STREAM_KEY_BYTES, StoredEvent, storable_stream_key
 
 __all__ = [
+    "DEDUPE_INDEX",
     "INSERT_COLUMNS",
     "TABLE_NAME",
     "count_statement",
     "create_tables",
+    "dedupe_conflict_clause",
     "events_table",
     "max_id_statement",
     "metadata",
@@ -59,39 +65,108 @@ events_table = Table(
 )
 
 _message_id = events_table.c.message_id
-# One copy per (trigger, upstream message, position among that message's yields).
-# Rows without a message identity are never deduplicated.
-Index(
-    f"{TABLE_NAME}_dedupe",
+#: One copy per (trigger, upstream message, position among that message's yields,
+#: stream): a message identity is only trusted within the stream it came from, so
+#: the same id from another stream (another cluster, queue or group) is a new
+#: message, never a redelivery. Rows without a message identity are never
+#: deduplicated. stream_key comes last: it is compared only when the rest ties.
+DEDUPE_INDEX = Index(
+    f"{TABLE_NAME}_stream_dedupe",
     events_table.c.trigger_id,
     events_table.c.message_id,
     events_table.c.position,
+    events_table.c.stream_key,
     unique=True,
     sqlite_where=_message_id.is_not(None),
     postgresql_where=_message_id.is_not(None),
 )
 Index(f"{TABLE_NAME}_trigger", events_table.c.trigger_id, events_table.c.id)
 
+#: Dedupe indexes of earlier versions, dropped when a store opens the table. The
+#: first one, on (trigger_id, message_id, position), took a message from another
+#: stream with a reused id for a redelivery: confirmed, never stored.
+_RETIRED_INDEXES = (f"{TABLE_NAME}_dedupe",)
+
+#: Serializes schema creation and migration among the processes opening one
+#: PostgreSQL database (a transaction-level advisory lock; the value is arbitrary).
+_PG_SCHEMA_LOCK = 0x61636B6C616E65  # "acklane"
+
 #: The columns an INSERT fills, in the order of an encoded row plus ``created_at``.
 INSERT_COLUMNS = ("trigger_id", "stream_key", "payload", "message_id", "position", "created_at")
 
 
-async def create_tables(engine: AsyncEngine, *, attempts: int = 5) -> None:
-    """Create the table and its indexes if missing.
+def dedupe_conflict_clause(dialect: Dialect) -> str:
+    """``ON CONFLICT (<the dedupe index>) WHERE message_id IS NOT NULL DO NOTHING``.
 
-    Several processes may start on one database at once: between one's existence
-    check and its CREATE another may have created the table, so a failed CREATE is
-    retried, and the check then finds it.
+    The target is explicit, so the INSERT skips exactly the rows the dedupe index
+    calls duplicates, and fails loudly rather than guess if that index is missing.
+    """
+    prep = dialect.identifier_preparer
+    columns = ", ".join(prep.quote(str(column.name)) for column in DEDUPE_INDEX.columns)
+    message_id = prep.quote("message_id")
+    return f" ON CONFLICT ({columns}) WHERE {message_id} IS NOT NULL DO NOTHING"
+
+
+async def create_tables(engine: AsyncEngine, *, attempts: int = 5) -> None:
+    """Create the table and its indexes if missing; migrate an older dedupe index.
+
+    Several processes may start on one database at once. On PostgreSQL they take
+    turns (an advisory lock held until the transaction ends); processes of an
+    older version take no such lock, and on SQLite two openers may both see the
+    table missing or the old index present: a statement that lost such a race
+    fails, the transaction is retried, and the checks then find the work done.
     """
     for attempt in range(1, attempts + 1):
         try:
             async with engine.begin() as conn:
-                await conn.run_sync(metadata.create_all, checkfirst=True)
+                if conn.dialect.name == "postgresql":
+                    await conn.exec_driver_sql(
+                        "SELECT pg_advisory_xact_lock(%(key)s)", {"key": _PG_SCHEMA_LOCK}
+                    )
+                await conn.run_sync(_create_or_migrate)
             return
         except DBAPIError as exc:
             if attempt == attempts:
                 raise
             log.info("creating %s raced with another process (%s); checking again", TABLE_NAME, exc)
+
+
+def _create_or_migrate(conn: Connection) -> None:
+    metadata.create_all(conn, checkfirst=True)
+    present = {index["name"] for index in inspect(conn).get_indexes(TABLE_NAME)}
+    retired = [name for name in _RETIRED_INDEXES if name in present]
+    if DEDUPE_INDEX.name in present and not retired:
+        return
+    # Rows written before the index held the stream key may keep a key too long
+    # for it (PostgreSQL bounds an index entry): store those as a put does now.
+    digested = _digest_long_stream_keys(conn)
+    # New index first, then the old one goes: at no moment is there no dedupe
+    # index (SQLite runs DDL outside a transaction unless rows changed first).
+    conn.execute(CreateIndex(DEDUPE_INDEX, if_not_exists=True))
+    prep = conn.dialect.identifier_preparer
+    for name in retired:
+        conn.exec_driver_sql(f"DROP INDEX IF EXISTS {prep.quote(name)}")
+    log.info(
+        "event store: dedupe index %s created (trigger, message id, position, stream key)%s%s",
+        DEDUPE_INDEX.name,
+        f", replacing {', '.join(retired)}" if retired else "",
+        f"; {digested} long stream key(s) stored as their digest" if digested else "",
+    )
+
+
+def _digest_long_stream_keys(conn: Connection) -> int:
+    """Replace every stream key longer than MAX_STREAM_KEY_BYTES by its digest; the
+    number of rows changed. Such keys are few and distinct keys fewer still."""
+    key = events_table.c.stream_key
+    # length() counts characters; a key of more than N bytes has more than N/4.
+    candidates = select(key).where(func.length(key) > MAX_STREAM_KEY_BYTES // 4).distinct()
+    changed = 0
+    for (old,) in conn.execute(candidates).all():
+        new = storable_stream_key(old)
+        if new != old:
+            result = conn.execute(update(events_table).where(key == old).values(stream_key=new))
+            changed += result.rowcount
+    return changed
 
 
 def select_statement(
@@ -111,7 +186,8 @@ def select_statement(
     if trigger_id is not None:
         stmt = stmt.where(t.trigger_id == trigger_id)
     if stream_key is not None:
-        stmt = stmt.where(t.stream_key == stream_key)
+        # Stored as a put stores it: a long key as its digest.
+        stmt = stmt.where(t.stream_key == storable_stream_key(stream_key))
     if after_id is not None:
         stmt = stmt.where(t.id > after_id)
     if before_id is not None:
