@@ -1,4 +1,4 @@
-"""One test per rule of shared/spec/ack-channel.md, named after the rule."""
+"""One test per rule of the engine's contract (docs/engine.md), named after the rule."""
 
 from __future__ import annotations
 
@@ -845,3 +845,117 @@ async def test_group_stats_count_outcomes(manager: SharedStreamManager, up: Upst
     stats = manager.group_stats()[("fake", up.name)]
     assert (stats.acked, stats.failed, stats.rejected) == (3, 0, 1)
     assert stats.broadcast == 2 and stats.advanced_events == 2
+
+
+# -- leaving in order, and the leaving observer (acklane's addition) -----------------
+
+
+class ReturnsOn(AckTrigger):
+    """Fires for each raw event; on ``on`` it waits for ``gate``, then its filter returns."""
+
+    def __init__(self, upstream: str, on: Any, gate: asyncio.Event) -> None:
+        super().__init__(upstream)
+        self._on = on
+        self._gate = gate
+
+    async def filter_shared_stream(self, stream: AsyncIterator[Any]) -> AsyncIterator[TriggerEvent]:
+        async for raw in stream:
+            if raw == self._on:
+                await self._gate.wait()
+                return
+            yield TriggerEvent(raw)
+
+
+async def test_filter_that_returns_leaves_in_order_and_acks_the_event_it_was_on(
+    manager: SharedStreamManager, up: Upstream
+) -> None:
+    # Airflow's rule, kept for direct users of the manager: no observer, orderly leave.
+    gate = asyncio.Event()
+    leaver = Watcher(manager, "leaver", ReturnsOn(up.name, 2, gate)).start()
+    stayer = Watcher(manager, "stayer", AckTrigger(up.name)).start()
+    await settle()
+    up.push(1, 2)
+    await eventually(lambda: len(up.items) == 1 and stayer.events == [1, 2])
+    gate.set()
+    assert leaver.task is not None
+    await leaver.task
+    assert leaver.error is None
+    up.push(3)  # broadcast after it left: its snapshot is the stayer alone
+    await eventually(lambda: len(up.items) == 3)
+    assert up.outcomes() == {1: (2, 0, 0), 2: (2, 0, 0), 3: (1, 0, 0)}
+
+
+async def test_leaving_observer_runs_before_the_subscriber_detaches_and_may_fail_the_group(
+    up: Upstream,
+) -> None:
+    calls: list[tuple[Hashable, str, str, list[str]]] = []
+
+    def leaving(key: Hashable, trigger_id: str, how: str) -> None:
+        members = [tid for (_, tid) in manager.queue_depths()]  # still a member here
+        calls.append((key, trigger_id, how, members))
+        manager.fail_group(key, RuntimeError(f"{trigger_id} left"))
+
+    manager = SharedStreamManager(ack_timeout=30.0, on_subscriber_leaving=leaving)
+    gate = asyncio.Event()
+    leaver = Watcher(manager, "leaver", ReturnsOn(up.name, 2, gate)).start()
+    stayer = Watcher(manager, "stayer", AckTrigger(up.name)).start()
+    await settle()
+    up.push(1, 2)
+    await eventually(lambda: len(up.items) == 1 and stayer.events == [1, 2])
+    gate.set()
+    error = await stayer.wait_failed()
+    assert str(error) == "leaver left"
+    await eventually(lambda: leaver.task is not None and leaver.task.done())
+    assert leaver.error is None  # it left; the group's failure is what its siblings raise
+    key = ("fake", up.name)
+    assert calls == [(key, "leaver", "its filter returned", ["leaver", "stayer"])]
+    up.push(3)
+    await settle()
+    assert up.outcomes() == {1: (2, 0, 0)}  # 2 (the leaver was on it) and 3: never advanced
+    await manager.stop_all()
+    assert up.aclosed == 1
+
+
+async def test_leaving_observer_is_told_when_the_consumer_closes_the_subscription(
+    up: Upstream,
+) -> None:
+    calls: list[tuple[str, str]] = []
+    manager = SharedStreamManager(
+        ack_timeout=30.0, on_subscriber_leaving=lambda key, tid, how: calls.append((tid, how))
+    )
+    trigger = AckTrigger(up.name)
+    it = manager.subscribe(trigger_id="a", trigger=trigger, key=trigger.shared_stream_key())
+    up.push(1)
+    async with asyncio.timeout(5):
+        await anext(it)
+    await it.aclose()
+    assert calls == [("a", "its consumer closed the subscription")]
+    await manager.stop_all()
+
+
+async def test_leaving_observer_is_not_called_for_failures_unsubscribes_or_a_stop(
+    up: Upstream,
+) -> None:
+    calls: list[str] = []
+    manager = SharedStreamManager(
+        ack_timeout=30.0, on_subscriber_leaving=lambda key, tid, how: calls.append(tid)
+    )
+
+    async def crash_on_two(raw: Any) -> list[Any]:
+        if raw == 2:
+            raise RuntimeError("filter bug")
+        return [raw]
+
+    crashing = Watcher(manager, "crashing", AckTrigger(up.name, crash_on_two)).start()
+    unsubscribed = Watcher(manager, "unsubscribed", AckTrigger(up.name)).start()
+    stopped = Watcher(manager, "stopped", AckTrigger(up.name)).start()
+    await settle()
+    up.push(1, 2)
+    await crashing.wait_failed()
+    await manager.unsubscribe("unsubscribed", unsubscribed.key)
+    await manager.stop_all()
+    for w in (unsubscribed, stopped):
+        assert w.task is not None
+        async with asyncio.timeout(5):
+            await w.task
+    assert calls == []

@@ -2,17 +2,89 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
+import signal
+import sys
 from pathlib import Path
-from typing import Annotated
+from types import FrameType
+from typing import TYPE_CHECKING, Annotated, Any
 
-import typer
-from rich.console import Console
-from rich.logging import RichHandler
-from rich.table import Table
+if TYPE_CHECKING:
+    from .runner import Runner
 
-from .config import ConfigError, load_config
+log = logging.getLogger("acklane.core.cli")
+
+
+class _StartupSignals:
+    """SIGINT/SIGTERM while ``acklane run`` starts, before the runner's own handlers.
+
+    Importing the CLI's dependencies, loading the configuration (which imports the
+    connectors and the filter modules) and building the runner take seconds, in which
+    the default dispositions would kill the process (exit 143) or raise
+    KeyboardInterrupt. A signal there is remembered and handed to the runner, which
+    then stops before it starts anything (exit 0); a second one exits at once, with
+    128 + the signal's number (nothing is in flight yet: nothing is lost).
+    """
+
+    def __init__(self) -> None:
+        self.received: signal.Signals | None = None
+        self.runner: Runner | None = None
+        self._previous: dict[signal.Signals, Any] = {}
+
+    def install(self) -> None:
+        if self._previous:
+            return
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._previous[sig] = signal.signal(sig, self._handle)
+
+    def restore(self) -> None:
+        """Put back the handlers that were there before :meth:`install`."""
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        runner = self.runner
+        if runner is not None and not runner.stopping:
+            # the runner exists, but its event loop has not taken the signals over yet
+            self.received = signal.Signals(signum)
+            runner.request_stop()
+            return
+        if self.received is not None:
+            # a second signal during start-up: leave now (nothing is in flight yet)
+            log.warning("Second signal during start-up: exiting now")
+            raise SystemExit(128 + signum)
+        self.received = signal.Signals(signum)
+
+    def hand_over(self, runner: Runner) -> None:
+        """From now on a signal stops ``runner``; one received already stops it now."""
+        self.runner = runner
+        if self.received is not None:
+            log.info("%s during start-up: stopping before the pipeline starts", self.received.name)
+            runner.request_stop()
+
+
+def _running_the_pipeline() -> bool:
+    """True in the process of an ``acklane run`` command line (not when imported by others)."""
+    main = __name__ == "__main__" or Path(sys.argv[0]).stem == "acklane"
+    return main and sys.argv[1:2] == ["run"]
+
+
+# Before anything slow is imported: `acklane run` takes the signals over from here on.
+_startup: _StartupSignals | None = None
+if _running_the_pipeline():
+    _startup = _StartupSignals()
+    _startup.install()
+
+import asyncio  # noqa: E402 - after the signal handlers, on purpose
+
+import typer  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.logging import RichHandler  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+# The configuration (and what it imports: pydantic, SQLAlchemy, connectors) is imported
+# when a command needs it, not with this module.
 
 app = typer.Typer(
     name="acklane",
@@ -37,6 +109,8 @@ def _setup_logging(level: str) -> None:
 
 
 def _load(path: Path):  # type: ignore[no-untyped-def]
+    from .config import ConfigError, load_config
+
     try:
         return load_config(path)
     except ConfigError as exc:
@@ -70,15 +144,23 @@ def validate(config: ConfigArg) -> None:
 @app.command()
 def run(config: ConfigArg, log_level: LogLevel = "INFO") -> None:
     """Run the pipeline until SIGINT/SIGTERM, then shut down gracefully."""
-    _setup_logging(log_level)
-    cfg = _load(config)
-    from .metrics import start_metrics_server
-    from .runner import Runner
+    global _startup
+    startup, _startup = _startup or _StartupSignals(), None
+    startup.install()  # first (a no-op when the module did it as it was imported)
+    try:
+        _setup_logging(log_level)
+        log.info("Starting the pipeline of %s", config)
+        cfg = _load(config)
+        from .metrics import start_metrics_server
+        from .runner import Runner
 
-    runner = Runner(cfg)
-    if cfg.metrics.port is not None:
-        start_metrics_server(cfg.metrics.port, runner)
-    asyncio.run(runner.run())
+        runner = Runner(cfg)
+        startup.hand_over(runner)
+        if cfg.metrics.port is not None and not runner.stopping:
+            start_metrics_server(cfg.metrics.port, runner)
+        asyncio.run(runner.run())
+    finally:
+        startup.restore()
 
 
 @app.command()

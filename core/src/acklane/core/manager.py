@@ -21,7 +21,8 @@ from collections.abc import (
     Mapping,
     Sequence,
 )
-from dataclasses import dataclass
+from dataclasses import dataclass, is_dataclass
+from dataclasses import fields as dataclass_fields
 from typing import Any, Literal, NamedTuple
 
 from .producer import AdvanceItem, AdvanceOutcome, SharedStreamProducer
@@ -34,7 +35,14 @@ from .trigger import (
     current_window,
 )
 
-__all__ = ["AdvanceObserver", "BoundEvent", "FailureObserver", "GroupStats", "SharedStreamManager"]
+__all__ = [
+    "AdvanceObserver",
+    "BoundEvent",
+    "FailureObserver",
+    "GroupStats",
+    "LeaveObserver",
+    "SharedStreamManager",
+]
 
 log = logging.getLogger("acklane.core.manager")
 
@@ -45,6 +53,13 @@ _monotonic = time.monotonic
 AdvanceObserver = Callable[[Hashable, Sequence[AdvanceItem]], None]
 #: Called, synchronously, when a subscriber is force-failed: (key, trigger id, error).
 FailureObserver = Callable[[Hashable, str, BaseException], None]
+#: Called, synchronously, when a live subscription ends without having been failed
+#: (its filter returned, or its consumer closed it), just *before* it leaves the
+#: group: (key, trigger id, how it left). An orderly leave acks the event the
+#: subscriber is on and takes it out of every later broadcast; a caller for whom
+#: that is a failure (the runner, while its pipeline runs) fails the group here, so
+#: that nothing is advanced without the subscriber.
+LeaveObserver = Callable[[Hashable, str, str], None]
 
 
 class BoundEvent(NamedTuple):
@@ -294,11 +309,16 @@ class _Group:
         key: Hashable,
         trigger_cls: type[BaseEventTrigger],
         kwargs: dict[str, Any],
+        founder: str = "",
+        settings: object = None,
     ) -> None:
         self.manager = manager
         self.key = key
         self.trigger_cls = trigger_cls
         self.kwargs = kwargs
+        # the trigger whose kwargs build the producer, and its shared_stream_settings()
+        self.founder = founder
+        self.settings = settings
         self.acking = trigger_cls.uses_ack_channel()
         self.members: tuple[_Subscriber, ...] = ()
         self.detached: list[_Subscriber] = []  # left with yields still awaiting confirmation
@@ -754,6 +774,61 @@ class _Group:
 _EMPTY_LANE: deque[_Entry] = deque()
 
 
+def _stream_settings(trigger: BaseEventTrigger) -> object:
+    """The trigger's ``shared_stream_settings()``, or None when it has none (not checked)."""
+    hook = getattr(trigger, "shared_stream_settings", None)
+    return None if hook is None else hook()
+
+
+def _check_settings(group: _Group, trigger_id: str, settings: object) -> None:
+    """Refuse a trigger whose stream settings differ from those the group's producer uses."""
+    theirs = group.settings
+    if settings is None or theirs is None or settings == theirs:
+        return
+    names = _differing_fields(theirs, settings)
+    if names is None:
+        what = (
+            f"settings of another kind ({type(settings).__name__}, not {type(theirs).__name__})"
+            if type(settings) is not type(theirs)
+            else "different settings"
+        )
+    else:
+        what = f"different settings ({', '.join(names)})"
+    # Field names only, never values: settings may hold credentials.
+    raise ValueError(
+        f"trigger {trigger_id} reads the same upstream as trigger {group.founder} "
+        f"(key {group.key!r}) with {what}; they would share one poll with the settings of "
+        f"{group.founder}: make the settings identical or give the triggers different keys"
+    )
+
+
+def _differing_fields(a: object, b: object, prefix: str = "") -> list[str] | None:
+    """Names of the fields in which two settings objects of one kind differ (None: unknown)."""
+    if type(a) is not type(b):
+        return None
+    fields: Iterable[str]
+    model_fields = getattr(type(a), "model_fields", None)  # a pydantic model
+    if isinstance(model_fields, Mapping):
+        fields = model_fields
+    elif is_dataclass(a) and not isinstance(a, type):
+        fields = [f.name for f in dataclass_fields(a)]
+    elif isinstance(a, Mapping) and isinstance(b, Mapping):
+        fields = dict.fromkeys([*a, *b])
+        return [f"{prefix}{k}" for k in fields if a.get(k) != b.get(k)]
+    else:
+        return None
+    names: list[str] = []
+    for name in fields:
+        x, y = getattr(a, name, None), getattr(b, name, None)
+        if x == y:
+            continue
+        nested = None
+        if hasattr(type(x), "model_fields") or (is_dataclass(x) and not isinstance(x, type)):
+            nested = _differing_fields(x, y, f"{prefix}{name}.")
+        names.extend(nested or [f"{prefix}{name}"])
+    return names
+
+
 async def _aclose_iter(stream: Any) -> None:
     aclose = getattr(stream, "aclose", None)
     if aclose is not None:
@@ -772,6 +847,7 @@ class SharedStreamManager:
         overflow: Literal["fail", "pause"] = "fail",
         on_advance: AdvanceObserver | None = None,
         on_subscriber_failed: FailureObserver | None = None,
+        on_subscriber_leaving: LeaveObserver | None = None,
     ) -> None:
         if max_subscriber_queue < 1:
             raise ValueError("max_subscriber_queue must be at least 1")
@@ -788,6 +864,7 @@ class SharedStreamManager:
         self.overflow = overflow
         self.on_advance = on_advance
         self.on_subscriber_failed = on_subscriber_failed
+        self.on_subscriber_leaving = on_subscriber_leaving
         self._groups: dict[Hashable, _Group] = {}
         self._subs: dict[tuple[str, Hashable], _Subscriber] = {}
         # trigger id -> [(key, subscriber)]: bind_event's lookup without hashing the key
@@ -807,19 +884,24 @@ class SharedStreamManager:
         sub_key = (trigger_id, key)
         if sub_key in self._subs:
             raise RuntimeError(f"trigger {trigger_id} is already subscribed to {key!r}")
+        settings = _stream_settings(trigger)
         group = self._groups.get(key)
         if group is None:
             _, kwargs = trigger.serialize()
-            group = _Group(self, key, type(trigger), kwargs)
+            group = _Group(self, key, type(trigger), kwargs, trigger_id, settings)
             self._groups[key] = group
             group.start()
+        else:
+            _check_settings(group, trigger_id, settings)
         sub = group.attach(trigger_id, trigger)
         self._register(sub_key, sub)
         raw_stream = sub.raw_stream()
         events = trigger.filter_shared_stream(raw_stream)
+        how = "its consumer closed the subscription"
         try:
             async for event in events:
                 yield event
+            how = "its filter returned"
         except GeneratorExit:
             raise  # closed by its consumer at a yield: an orderly unsubscribe
         except BaseException as exc:
@@ -829,10 +911,21 @@ class SharedStreamManager:
                 group.force_fail(sub, exc)
             raise
         finally:
+            if not sub.closed and sub.failure is None and not group.frozen:
+                self._leaving(sub, how)  # before it detaches: the observer may fail the group
             self._detach(sub_key, sub)
             # close the filter (its finally blocks run now, in this task) and the stream
             await _aclose_iter(events)
             await _aclose_iter(raw_stream)
+
+    def _leaving(self, sub: _Subscriber, how: str) -> None:
+        observer = self.on_subscriber_leaving
+        if observer is None:
+            return
+        try:
+            observer(sub.group.key, sub.trigger_id, how)
+        except Exception:  # an observer must never break the ack channel
+            log.exception("subscriber-leaving observer failed key=%r", sub.group.key)
 
     def _register(self, sub_key: tuple[str, Hashable], sub: _Subscriber) -> None:
         self._subs[sub_key] = sub

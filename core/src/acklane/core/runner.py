@@ -2,16 +2,20 @@
 
 Watchers that share a stream key form a **cohort**. A cohort subscribes together
 (so every member is in the first event's snapshot) and, when any member fails
-(group failure, ack timeout, overflow, a crashing filter), the whole cohort is
-restarted together after a capped exponential backoff: a member that rejoined
-alone would miss what was broadcast while it was away, and the others would let
-the broker advance past it. On restart the broker redelivers from its last
+(group failure, ack timeout, overflow, a crashing filter) or leaves (its filter
+returns, the event store raises), the whole cohort is restarted together after a
+capped exponential backoff: a member that rejoined alone would miss what was
+broadcast while it was away, and the others would let the broker advance past it.
+A member that leaves fails the group *before* it detaches (the engine's orderly
+leave would ack the event it is on and take it out of later broadcasts), so
+nothing is advanced without it. On restart the broker redelivers from its last
 advanced position; the event store drops the duplicates.
 
 Shutdown (SIGINT/SIGTERM, or :meth:`Runner.request_stop`) is graceful and bounded
 by ``engine.shutdown_timeout``: stop pulling, let watchers finish what is queued,
 flush the event store (confirmations arrive), advance what is resolved, close the
-producers, close the stores.
+producers, close the stores. A stop requested before :meth:`Runner.run` makes it
+return at once, having started nothing.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ if TYPE_CHECKING:
     from .config import AcklaneConfig
     from .stores import StateBackend
 
-__all__ = ["RunObserver", "Runner", "stream_key_text"]
+__all__ = ["RunObserver", "Runner", "WatcherLeft", "stream_key_text"]
 
 log = logging.getLogger("acklane.core.runner")
 
@@ -46,6 +50,17 @@ def stream_key_text(key: Hashable) -> str:
     if isinstance(key, tuple):
         return json.dumps(list(key), default=str, separators=(",", ":"))
     return json.dumps(key, default=str)
+
+
+class WatcherLeft(SharedStreamError):
+    """A watcher left its cohort while the pipeline ran (its filter returned, or it failed
+    outside the engine, say in the event store); what its siblings' iterators raise.
+
+    The group was failed *before* the watcher detached: an orderly leave would ack the
+    event it was on and take it out of every later broadcast, so the siblings would let
+    the broker advance past messages it never saw. Failed, the cohort restarts together
+    and the broker redelivers from its last advanced position.
+    """
 
 
 class RunObserver:
@@ -129,34 +144,53 @@ class _Cohort:
         try:
             async with aclosing(manager.subscribe(trigger_id=name, trigger=trigger, key=key)) as it:
                 async for event in it:
-                    bound = manager.bind_event(trigger_id=name, key=key)
-                    message_id = None if bound is None else bound.message_id
-                    observer.fired(name, event, message_id)
-                    record = EventRecord(
-                        name,
-                        key_text,
-                        event.payload,
-                        message_id,
-                        0 if bound is None else bound.position,
-                    )
                     try:
-                        await store.put(record, None if bound is None else bound.seq)
-                    except TypeError as exc:
-                        # Not JSON: it can never be stored. Dead-letter the raw event
-                        # (its binding window is still open) instead of looping on it.
-                        log.error(
-                            "Watcher %s yielded an event that cannot be stored: %s", name, exc
+                        bound = manager.bind_event(trigger_id=name, key=key)
+                        message_id = None if bound is None else bound.message_id
+                        observer.fired(name, event, message_id)
+                        record = EventRecord(
+                            name,
+                            key_text,
+                            event.payload,
+                            message_id,
+                            0 if bound is None else bound.position,
                         )
-                        reject_shared_stream_event(reason=f"watcher {name}: {exc}")
-                        if bound is not None:
-                            manager.discard_pending_event(bound.seq)
-                        observer.rejected_payload(name, exc)
+                        try:
+                            await store.put(record, None if bound is None else bound.seq)
+                        except TypeError as exc:
+                            # Not JSON: it can never be stored. Dead-letter the raw event
+                            # (its binding window is still open) instead of looping on it.
+                            log.error(
+                                "Watcher %s yielded an event that cannot be stored: %s",
+                                name,
+                                exc,
+                            )
+                            reject_shared_stream_event(reason=f"watcher {name}: {exc}")
+                            if bound is not None:
+                                manager.discard_pending_event(bound.seq)
+                            observer.rejected_payload(name, exc)
+                    except Exception as exc:
+                        # Leaving on an error of its own (the event store, an observer):
+                        # fail the group while this watcher is still subscribed, so that
+                        # nothing is advanced without it; only then does it detach.
+                        if not runner.stopping:
+                            first.append(exc)
+                            manager.fail_group(
+                                key, WatcherLeft(f"watcher {name} failed: {_why(exc)}")
+                            )
+                        raise
+            # The filter returned: the engine called _on_subscriber_leaving, which failed
+            # the group before this watcher detached.
+            if not runner.stopping:
+                first.append(
+                    WatcherLeft(f"watcher {name}: its filter returned; it must run until stopped")
+                )
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             if not isinstance(exc, SharedStreamError):  # the engine logged its own already
                 log.error("Watcher %s failed", name, exc_info=exc)
-            if not runner.stopping:
+            if not runner.stopping and not any(e is exc for e in first):
                 first.append(exc)
 
 
@@ -187,6 +221,7 @@ class Runner:
             overflow=config.engine.overflow,
             on_advance=self.observer.advanced,
             on_subscriber_failed=self._on_subscriber_failed,
+            on_subscriber_leaving=self._on_subscriber_leaving,
         )
         self._store: EventStore | None = None
         self.state_backend: StateBackend | None = None
@@ -210,6 +245,20 @@ class Runner:
         # once (nothing more is advanced) and let the cohort restart together.
         if not self.stopping:
             self.manager.fail_group(key, exc)
+
+    def _on_subscriber_leaving(self, key: Hashable, trigger_id: str, how: str) -> None:
+        # Called before the subscription detaches. While the pipeline runs a watcher
+        # never leaves in order (only a shutdown ends it): an orderly leave would ack the
+        # event it is on and let its siblings advance past what is broadcast after it.
+        if self.stopping:
+            return
+        log.error(
+            "Watcher %s left while the pipeline runs (%s); failing its cohort so that "
+            "nothing is committed without it",
+            trigger_id,
+            how,
+        )
+        self.manager.fail_group(key, WatcherLeft(f"watcher {trigger_id} left: {how}"))
 
     def request_stop(self) -> None:
         """Begin a graceful shutdown (idempotent; safe from a signal handler)."""
@@ -241,7 +290,14 @@ class Runner:
         return backend
 
     async def run(self) -> None:
-        """Run until :meth:`request_stop` or a signal; then shut down gracefully."""
+        """Run until :meth:`request_stop` or a signal; then shut down gracefully.
+
+        A stop requested before this is called (``acklane run`` forwards a signal that
+        came during its start-up) is honoured: it returns without starting anything.
+        """
+        if self.stopping:
+            log.info("Stopped before the pipeline started: nothing to finish")
+            return
         loop = asyncio.get_running_loop()
         installed: list[signal.Signals] = []
         if self.handle_signals:
@@ -249,6 +305,13 @@ class Runner:
                 with contextlib.suppress(NotImplementedError, RuntimeError):
                     loop.add_signal_handler(sig, self._on_signal)
                     installed.append(sig)
+        try:
+            await self._run()
+        finally:
+            for sig in installed:
+                loop.remove_signal_handler(sig)
+
+    async def _run(self) -> None:
         store = EventStore(
             self.config.store.url,
             on_confirmed=self.manager.confirm_persisted,
@@ -273,8 +336,6 @@ class Runner:
                 await self._shutdown(tasks)
                 gc_task.cancel()
         finally:
-            for sig in installed:
-                loop.remove_signal_handler(sig)
             try:
                 async with asyncio.timeout(self.config.engine.shutdown_timeout):
                     await store.close()

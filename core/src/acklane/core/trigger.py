@@ -103,6 +103,21 @@ class BaseEventTrigger:
         """Triggers with equal keys share one poll; ``None`` runs :meth:`run` alone."""
         return None
 
+    def shared_stream_settings(self) -> object | None:
+        """What else must agree among triggers of one key, compared with ``==``.
+
+        The producer of a group is built from its first subscriber's kwargs, so a
+        trigger that joins with other settings (a different dead-letter topic, other
+        credentials or poll tuning) would silently run with the first one's. A class
+        that returns its validated stream configuration here (a pydantic model, a
+        dataclass or a mapping) has a joining trigger with different settings refused
+        by ``SharedStreamManager.subscribe`` with a ``ValueError`` that names the
+        differing fields (never their values). ``None`` (the default) is not checked.
+        acklane's addition: the manager reads it with ``getattr``, so triggers without
+        it work unchanged.
+        """
+        return None
+
     @classmethod
     def open_shared_stream(cls, kwargs: dict[str, Any]) -> AsyncIterator[Any]:
         """Fast path: an async generator of raw events, run once per group."""

@@ -81,6 +81,10 @@ class WatcherTrigger(BaseEventTrigger):
         cls, config = self._connector_and_config()
         return ("acklane", self.connector, *cls.stream_key(config))
 
+    def shared_stream_settings(self) -> BaseModel:
+        """The stream's validated block (the YAML loader already refuses a mismatch)."""
+        return self._connector_and_config()[1]
+
     @classmethod
     def create_shared_stream_producer(cls, kwargs: dict[str, Any]) -> SharedStreamProducer:
         connector = load_connector(kwargs["connector"])

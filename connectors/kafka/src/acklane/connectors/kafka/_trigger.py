@@ -46,6 +46,10 @@ class KafkaMessageTrigger(BaseEventTrigger):
     def shared_stream_key(self) -> Hashable | None:
         return self.kafka_config().stream_key()
 
+    def shared_stream_settings(self) -> KafkaConfig:
+        """The whole configuration: triggers of one key must agree on all of it."""
+        return self.kafka_config()
+
     @classmethod
     def create_shared_stream_producer(cls, kwargs: dict[str, Any]) -> SharedStreamProducer:
         return KafkaStreamProducer(config_from_kwargs(kwargs))

@@ -32,6 +32,10 @@ class SqsMessageTrigger(BaseEventTrigger):
     def shared_stream_key(self) -> Hashable | None:
         return self.sqs_config().stream_key()
 
+    def shared_stream_settings(self) -> SqsConfig:
+        """The whole configuration: triggers of one queue must agree on all of it."""
+        return self.sqs_config()
+
     @classmethod
     def create_shared_stream_producer(cls, kwargs: dict[str, Any]) -> SqsStreamProducer:
         return SqsStreamProducer(sqs_config(kwargs))
