@@ -100,6 +100,8 @@ def test_explicit_region_wins_over_the_url() -> None:
         ({"queue_url": URL, "heartbeat": {"interval": 5, "extension": 10}}, "heartbeat.extension"),
         ({"queue_url": URL, "redelivery_backoff": {"max": 50_000}}, "redelivery_backoff"),
         ({"queue_url": URL, "poll_timeout": 3}, "poll_timeout"),
+        ({"queue_url": URL, "restart_lease_hold": -1}, "restart_lease_hold"),
+        ({"queue_url": URL, "restart_lease_hold": 43_201}, "restart_lease_hold"),
     ],
 )
 def test_validation_errors_name_the_field(fields: dict[str, Any], named: str) -> None:
@@ -131,6 +133,13 @@ def test_zero_backoff_redelivers_at_once() -> None:
 def test_a_number_is_read_as_the_backoff_base() -> None:
     config = SqsConfig.model_validate({"queue_url": URL, "redelivery_backoff": 5})
     assert config.redelivery_backoff.base == 5
+
+
+def test_restart_lease_hold_defaults_to_a_minute_and_zero_turns_it_off() -> None:
+    assert SqsConfig(queue_url=URL).restart_lease_hold == 60
+    off = SqsConfig(queue_url=URL, restart_lease_hold=0)
+    assert off.restart_lease_hold == 0
+    assert off.stream_key() == SqsConfig(queue_url=URL).stream_key()  # tuning, not the key
 
 
 def test_heartbeat_defaults_follow_the_visibility_timeout() -> None:

@@ -214,3 +214,32 @@ async def test_fifo_group_held_unresolved_does_not_block_other_groups(
         e.release_held()
         await eventually(lambda: e.bodies("w")[4:] == ["h2"], "held group resumed")
         await eventually(lambda: Watcher.producers[0].deleted == 5, "all deleted")
+
+
+async def test_a_restarted_group_takes_over_its_unresolved_messages_without_receiving_again(
+    settings: dict[str, Any], queues: SqsQueues
+) -> None:
+    # A broken watcher fails the group while h1 and h2 are unresolved (their events
+    # not yet stored). The restarted group gets them back with their receive count
+    # unchanged, so restarts do not walk them towards the queue's redrive policy.
+    url = await queues.create(fifo=True, visibility_timeout=300)
+    await queues.send(url, ["h1", "h2"], group_id="held")
+    async with engine() as e:
+        e.hold_group = "held"
+        first = Watcher(queue_url=url, **settings)
+        key = first.shared_stream_key()
+        e.watch("w", first)
+        await eventually(lambda: e.bodies("w") == ["h1", "h2"], "both fired, unresolved")
+        e.manager.fail_group(key, RuntimeError("a broken watcher"))
+        await eventually(lambda: isinstance(e.errors.get("w"), RuntimeError), "the group failed")
+        await e.manager.wait_key_closed(key)  # as the runner does before a restart
+        assert Watcher.producers[0].parked == 2
+        assert await queues.counts(url) == (0, 2)
+
+        e.hold_group = None
+        e.watch("w2", Watcher(queue_url=url, **settings))
+        await eventually(lambda: e.bodies("w2") == ["h1", "h2"], "taken over, in order")
+        assert [p["receive_count"] for p in e.seen["w2"]] == [1, 1]
+        assert Watcher.producers[1].taken_over == 2
+        await eventually(lambda: Watcher.producers[1].deleted == 2, "both deleted")
+    assert await queues.counts(url) == (0, 0)

@@ -109,7 +109,9 @@ async def test_raw_event_exposes_body_attributes_receive_count_and_message_id(
     async with open_stream(settings, queue_url=url) as stream:
         [(message, delivery)] = await stream.pull()
         assert message.message_id == message_id
-        assert stream.producer.message_id(delivery) == message_id
+        # the event store's identity: the queue's ARN, then the MessageId
+        arn = await queues.arn(url)
+        assert stream.producer.message_id(delivery) == f"{arn}/{message_id}"
         assert message.json() == {"n": 1}
         assert message.attributes == {"kind": "order"}
         assert message.delivery_attempt == message.receive_count == 1
@@ -248,7 +250,7 @@ async def test_rejected_item_lands_in_the_redrive_policy_target_when_none_is_con
     attributes = {k: v["StringValue"] for k, v in copy["MessageAttributes"].items()}
     assert attributes["acklane.origin.queue"] == url
     assert attributes["acklane.origin.message_id"] == message_id
-    assert attributes["acklane.reject.reason"] == "rejected by 1 watcher(s)"
+    assert attributes["acklane.reject.reason"] == "rejected by 1 watcher"
 
 
 async def test_dead_letter_copy_packs_original_attributes_beyond_sqs_limit(
@@ -313,14 +315,27 @@ async def test_vanished_receipt_handle_is_logged_not_fatal(
         await stream.advance(*((p, CLEAN) for p in await stream.pull()))  # still working
 
 
-async def test_aclose_makes_unadvanced_messages_visible_at_once(
+async def test_aclose_makes_unadvanced_messages_visible_at_once_without_a_lease_hold(
     settings: dict[str, Any], queues: SqsQueues
 ) -> None:
     url = await queues.create(visibility_timeout=300)
     await queues.send(url, ["abandoned"])
-    async with open_stream(settings, queue_url=url) as stream:
+    async with open_stream(settings, queue_url=url, restart_lease_hold=0) as stream:
         await stream.pull()
     assert await queues.counts(url) == (1, 0)
+    assert stream.producer.parked == 0
+
+
+async def test_aclose_releases_received_messages_never_handed_out_even_with_a_lease_hold(
+    settings: dict[str, Any], queues: SqsQueues
+) -> None:
+    url = await queues.create(visibility_timeout=300)
+    await queues.send(url, ["a", "b", "c"])
+    async with open_stream(settings, queue_url=url, restart_lease_hold=60) as stream:
+        await stream.pull()  # the engine saw one; two were still in the producer's hands
+        assert stream.producer.outstanding == 3  # one receive returned all three
+    assert stream.producer.parked == 1
+    assert await queues.counts(url) == (2, 1)
 
 
 # ---------------------------------------------------------------------- heartbeat

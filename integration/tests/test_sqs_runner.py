@@ -169,8 +169,11 @@ async def test_runner_killed_mid_stream_and_restarted_loses_no_message(
     second.start()
     sent += await queues.send(url, [f'{{"job": {i}}}' for i in range(40, 60)])
 
+    arn = await queues.arn(url)
+    expected = {f"{arn}/{m}" for m in sent}  # the store's identity: queue ARN and MessageId
+
     async def all_done() -> bool:
-        return {m for m, _ in stored(db)} == set(sent) and await queues.counts(url) == (0, 0)
+        return {m for m, _ in stored(db)} == expected and await queues.counts(url) == (0, 0)
 
     await wait_for(all_done, "every message stored and deleted", log)
     events = stored(db)

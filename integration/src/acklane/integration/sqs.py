@@ -265,17 +265,22 @@ class SqsQueues:
         visibility_timeout: int = 30,
         dead_letter_arn: str | None = None,
         max_receive_count: int = 10,
+        attributes: Mapping[str, str] | None = None,
     ) -> str:
-        """Create a queue with a unique name; return its URL."""
+        """Create a queue with a unique name; return its URL.
+
+        ``attributes`` adds or overrides queue attributes (``MaximumMessageSize``...).
+        """
         name = f"{prefix}-{uuid.uuid4().hex[:12]}" + (".fifo" if fifo else "")
-        attributes = {"VisibilityTimeout": str(visibility_timeout)}
+        settings = {"VisibilityTimeout": str(visibility_timeout)}
         if fifo:
-            attributes["FifoQueue"] = "true"
+            settings["FifoQueue"] = "true"
         if dead_letter_arn:
-            attributes["RedrivePolicy"] = json.dumps(
+            settings["RedrivePolicy"] = json.dumps(
                 {"deadLetterTargetArn": dead_letter_arn, "maxReceiveCount": str(max_receive_count)}
             )
-        response = await self.client.create_queue(QueueName=name, Attributes=attributes)
+        settings.update(attributes or {})
+        response = await self.client.create_queue(QueueName=name, Attributes=settings)
         url = str(response["QueueUrl"])
         self._created.append(url)
         return url

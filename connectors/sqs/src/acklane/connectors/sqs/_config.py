@@ -135,6 +135,11 @@ class SqsConfig(BaseModel):
     advance_linger: float = Field(default=0.1, ge=0, le=5)
     #: Attempts for batch entries SQS reports as failed (not for vanished handles).
     entry_retries: int = Field(default=5, ge=1, le=20)
+    #: Seconds a closing producer keeps the messages the engine never resolved
+    #: invisible, for the next producer of the queue in this process to take over
+    #: without a new receive (which would raise their receive count). 0 releases
+    #: them at once (so does a hold too short for a take-over, 5 seconds or less).
+    restart_lease_hold: int = Field(default=60, ge=0, le=MAX_VISIBILITY_TIMEOUT)
 
     @field_validator(
         "region",

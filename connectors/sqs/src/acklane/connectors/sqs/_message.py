@@ -23,6 +23,8 @@ class SqsMessage(RawMessage):
     ``system_attributes`` holds SQS's own (``SentTimestamp``, ``SequenceNumber``...).
     ``key`` is the FIFO ``MessageGroupId``; ``delivery_attempt`` is
     ``ApproximateReceiveCount``; ``native`` is the message dict from ``ReceiveMessage``.
+    ``message_id`` is SQS's ``MessageId``; the event store's identity of the message
+    is the producer's ``message_id()``, which prefixes it with the queue's ARN.
     """
 
     queue_url: str = ""
@@ -79,7 +81,9 @@ class SqsDelivery:
     """The broker payload of one received message: what ``advance`` needs to settle it.
 
     One instance per receipt (a redelivered message gets a new one, with a new
-    receipt handle). The producer also uses it to track the message's visibility.
+    receipt handle; a message whose lease a closing producer kept is handed to the
+    next producer of its queue as the same instance, receipt and all). The producer
+    also uses it to track the message's visibility.
     """
 
     message: SqsMessage

@@ -7,17 +7,20 @@ import base64
 import json
 import logging
 import math
+import re
 import time
+import uuid
 from collections import Counter, deque
 from collections.abc import AsyncGenerator, Hashable, Iterable, Mapping, Sequence
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import aioboto3
 from aiobotocore.config import AioConfig
 from botocore.exceptions import ClientError
 
+from acklane.core.deadletter import TRUNCATED_MARK, bounded_text, reject_reason
 from acklane.core.producer import AdvanceItem, AdvanceOutcome, SharedStreamProducer
 
 from ._config import MAX_VISIBILITY_TIMEOUT, SqsConfig
@@ -57,6 +60,13 @@ _BATCH_BYTES = 256 * 1024  # SQS's limit of a SendMessageBatch payload (the stri
 _MAX_ATTRIBUTES = 10  # SQS's limit of message attributes per message
 _BUFFER_LIMIT = 10 * _BATCH  # advance flushes itself past this many pending entries
 _EMPTY_SHORT_POLL_PAUSE = 0.5  # with wait_time_seconds 0, don't spin on an empty queue
+#: How long SQS honours a FIFO ReceiveRequestAttemptId (5 minutes), less a margin.
+_ATTEMPT_ID_LIFETIME = 270.0
+#: Beyond its long-poll wait, how long aclose waits for a receive cut off by a stop.
+_RECEIVE_GRACE = 5.0
+#: SQS's words when a message or batch is too large (the codes vary by endpoint).
+_SIZE_CODES = frozenset({"BatchRequestTooLong", "MessageTooLong", "RequestEntityTooLarge"})
+_SIZE_WORDS = re.compile(r"shorter than|longer than|too (?:long|large|big)|exceed", re.IGNORECASE)
 
 
 class SqsConnectorError(RuntimeError):
@@ -98,7 +108,7 @@ def _chunks(items: Sequence[_T], size: int = _BATCH) -> Iterable[Sequence[_T]]:
 def _entry_bytes(entry: dict[str, Any]) -> int:
     size = len(str(entry["MessageBody"]).encode("utf-8"))
     for name, value in entry.get("MessageAttributes", {}).items():
-        size += len(name) + len(value["DataType"])
+        size += len(name.encode("utf-8")) + len(value["DataType"])
         size += len(value.get("StringValue", "").encode("utf-8")) + len(
             value.get("BinaryValue", b"")
         )
@@ -122,6 +132,51 @@ def _batches_by_size(
         yield batch
 
 
+def _is_size_refusal(failure: dict[str, Any]) -> bool:
+    """SQS refused a message (or its batch) for its size."""
+    code = _code(failure)
+    if code in _SIZE_CODES:
+        return True
+    return code == "InvalidParameterValue" and bool(
+        _SIZE_WORDS.search(str(failure.get("Message", "")))
+    )
+
+
+def _limit_in(message: str) -> int | None:
+    """The byte limit SQS names in a size refusal ("...shorter than 262144 bytes")."""
+    match = re.search(r"(\d+) bytes", message)
+    return int(match.group(1)) if match else None
+
+
+def _failure_of(exc: Exception) -> dict[str, Any]:
+    """A whole call's failure in the shape of one ``Failed`` batch entry."""
+    if isinstance(exc, ClientError):
+        error = exc.response.get("Error", {})
+        return {"Code": error.get("Code", ""), "Message": error.get("Message", str(exc))}
+    return {"Code": type(exc).__name__, "Message": str(exc)}
+
+
+# ------------------------------------------------------------ leases kept for a restart
+
+
+@dataclass(slots=True)
+class _Lot:
+    """What closing producers of one queue left to the next producer of it in this process."""
+
+    #: Messages the engine never resolved, kept invisible for ``restart_lease_hold``
+    #: seconds (their ``visible_until``), in the order they were first yielded.
+    deliveries: list[SqsDelivery] = field(default_factory=list)
+    #: A FIFO receive that failed or was cut off: ``(ReceiveRequestAttemptId, deadline)``.
+    #: Retried with the same id, it returns the batch SQS may already have handed out.
+    attempt: tuple[str, float] | None = None
+
+
+#: Process-wide, by ``(*stream_key, queue_url)``. Plain data: no task owns it, and
+#: nothing in it needs one. A lot nobody takes only costs memory until the next
+#: producer of that queue looks; SQS redelivers its messages when their hold ends.
+_PARKED: dict[tuple[Hashable, ...], _Lot] = {}
+
+
 class SqsStreamProducer(SharedStreamProducer):
     """One group's poll of one SQS queue, with aioboto3.
 
@@ -129,11 +184,19 @@ class SqsStreamProducer(SharedStreamProducer):
     message itself on standard queues (no head-of-line blocking). Deletes and
     visibility changes are buffered for ``advance_linger`` seconds so that
     single-message lanes still share ``*Batch`` calls; a crash before a flush
-    only means a redelivery, which the event store recognises by ``MessageId``.
+    only means a redelivery, which the event store recognises by
+    :meth:`message_id` (the queue's ARN and the ``MessageId``).
+
+    When it closes, messages the engine never resolved keep their lease for
+    ``restart_lease_hold`` seconds and the next producer of the queue in this
+    process takes them over without receiving them again (see ``aclose``).
     """
 
     #: SQS's cap on a receipt's total invisibility; a class attribute for tests.
     max_visibility: int = MAX_VISIBILITY_TIMEOUT
+    #: A parked lease is taken over only with at least this many seconds left: the
+    #: take-over renews it, and the renewal must land before SQS lets it go.
+    takeover_margin: float = 5.0
 
     def __init__(self, config: SqsConfig, *, session: Any = None) -> None:
         self.config = config
@@ -145,10 +208,19 @@ class SqsStreamProducer(SharedStreamProducer):
         self.deleted = 0
         self.released = 0
         self.dead_lettered = 0
+        #: Dead-letter copies refused for their size (the original is kept, the group fails).
+        self.dead_letter_refused = 0
         self.extended = 0
+        #: Unresolved messages whose lease this producer kept for the next one at close.
+        self.parked = 0
+        #: Parked messages this producer took over from a previous one.
+        self.taken_over = 0
         self.queue_url: str | None = None
         self.queue_arn: str | None = None
         self.dead_letter_queue_url: str | None = None
+        #: ``MaximumMessageSize`` of the queue and of its dead-letter queue, when readable.
+        self.max_message_size: int | None = None
+        self.dead_letter_max_size: int | None = None
         self.is_fifo = config.is_fifo_name
         self.visibility_timeout = (
             30 if config.visibility_timeout is None else config.visibility_timeout
@@ -156,7 +228,10 @@ class SqsStreamProducer(SharedStreamProducer):
 
         self._stack = AsyncExitStack()
         self._client: Any = None
+        self._identity = ""  # the queue's ARN (else URL): prefixes message_id()
+        self._lot_key: tuple[Hashable, ...] = ()
         self._outstanding: dict[str, SqsDelivery] = {}  # pulled, not advanced; by receipt
+        self._unyielded: deque[SqsDelivery] = deque()  # received, not yet handed out
         self._holding_back: set[str] = set()  # FIFO: receipts to release whatever their outcome
         self._to_delete: deque[_Pending] = deque()
         self._to_release: deque[_Pending] = deque()
@@ -166,6 +241,12 @@ class SqsStreamProducer(SharedStreamProducer):
         self._batch_full = asyncio.Event()
         self._heartbeat_task: asyncio.Task[None] | None = None
         self._flusher_task: asyncio.Task[None] | None = None
+        #: The ReceiveMessage call in flight (its own task, so a stop cannot cut it off).
+        self._receive_task: asyncio.Task[list[SqsDelivery]] | None = None
+        #: A receive whose poll was cancelled: what it returns is released, not yielded.
+        self._orphan: asyncio.Task[list[SqsDelivery]] | None = None
+        #: FIFO: the ReceiveRequestAttemptId to send, and until when SQS honours it.
+        self._attempt: tuple[str, float] | None = None
         self._failure: BaseException | None = None
         self._opened = False
         self._closed = False
@@ -189,10 +270,20 @@ class SqsStreamProducer(SharedStreamProducer):
         # The heartbeat runs until aclose, not until the stream closes: after a stop the
         # watchers may still be finishing what they pulled, and only ack_timeout may
         # decide they failed.
-        while True:
-            self._raise_failure()
-            for delivery in await self._receive():
-                yield delivery.message, delivery
+        try:
+            while True:
+                self._raise_failure()
+                # Leases a previous producer of this queue kept come first (FIFO: their
+                # groups are in flight, so SQS delivers nothing else of those groups).
+                self._unyielded.extend(await self._take_parked())
+                if not self._unyielded:
+                    self._unyielded.extend(await self._receive())
+                while self._unyielded:
+                    delivery = self._unyielded.popleft()
+                    yield delivery.message, delivery
+        finally:
+            # Closed or cancelled: what was received but never handed out goes back now.
+            self._release_unyielded()
 
     def get_advance_lane(self, broker_payload: Any) -> Hashable:
         delivery: SqsDelivery = broker_payload
@@ -201,8 +292,14 @@ class SqsStreamProducer(SharedStreamProducer):
         return delivery.message_id
 
     def message_id(self, broker_payload: Any) -> str | None:
+        """``<queue ARN>/<MessageId>``: the message's identity for the event store.
+
+        ``MessageId`` alone is only "unique for an extended period", and SQS's own
+        redrive keeps it when it moves a message to the dead-letter queue; the ARN
+        (the URL when the attributes cannot be read) makes it one queue's message.
+        """
         delivery: SqsDelivery = broker_payload
-        return delivery.message_id
+        return f"{self._identity}/{delivery.message_id}"
 
     @property
     def outstanding(self) -> int:
@@ -218,8 +315,11 @@ class SqsStreamProducer(SharedStreamProducer):
             "deleted": self.deleted,
             "released": self.released,
             "dead_lettered": self.dead_lettered,
+            "dead_letter_refused": self.dead_letter_refused,
             "dropped": self.dropped,
             "visibility_extended": self.extended,
+            "parked": self.parked,
+            "taken_over": self.taken_over,
             "api_calls": self.total_api_calls,
         }
 
@@ -259,6 +359,9 @@ class SqsStreamProducer(SharedStreamProducer):
         self.queue_url = cfg.queue_url or await self._queue_url(cfg.queue_name, cfg.account_id)
         attributes = await self._queue_attributes(self.queue_url, cfg)
         self.queue_arn = attributes.get("QueueArn")
+        self._identity = self.queue_arn or self.queue_url
+        self._lot_key = (*cfg.stream_key(), self.queue_url)
+        self.max_message_size = _int_or_none(attributes.get("MaximumMessageSize"))
         self.is_fifo = attributes.get("FifoQueue") == "true" or self.queue_url.endswith(".fifo")
         if cfg.visibility_timeout is not None:
             self.visibility_timeout = cfg.visibility_timeout
@@ -273,6 +376,8 @@ class SqsStreamProducer(SharedStreamProducer):
                 "rejected messages will be deleted and counted as dropped",
                 self.queue_url,
             )
+        else:
+            await self._check_dead_letter_size(self.dead_letter_queue_url)
         if (
             cfg.heartbeat.enabled
             and self.visibility_timeout < 2
@@ -330,6 +435,36 @@ class SqsStreamProducer(SharedStreamProducer):
             ) from exc
         return dict(response.get("Attributes", {}))
 
+    async def _check_dead_letter_size(self, dlq: str) -> None:
+        """Read the dead-letter queue's ``MaximumMessageSize``; warn if it is the smaller."""
+        try:
+            response = await self._client.get_queue_attributes(
+                QueueUrl=dlq, AttributeNames=["MaximumMessageSize"]
+            )
+        except ClientError as exc:
+            log.warning(
+                "SQS dead-letter queue %s: cannot read its MaximumMessageSize (%s); a "
+                "dead-letter copy too large for it is found out only when SQS refuses it",
+                dlq,
+                _error_code(exc) or exc,
+            )
+            return
+        size = _int_or_none(response.get("Attributes", {}).get("MaximumMessageSize"))
+        self.dead_letter_max_size = size
+        source = self.max_message_size
+        if size is not None and source is not None and size < source:
+            log.warning(
+                "SQS dead-letter queue %s takes messages of at most %d bytes, less than the "
+                "%d bytes queue %s accepts: a rejected message larger than that cannot be "
+                "dead-lettered, stays on the queue and fails its group each time it is "
+                "rejected. Raise the MaximumMessageSize of the dead-letter queue to that "
+                "of the queue",
+                dlq,
+                size,
+                source,
+                self.queue_url,
+            )
+
     async def _redrive_target(self, redrive_policy: str | None) -> str | None:
         if not redrive_policy:
             return None
@@ -343,6 +478,30 @@ class SqsStreamProducer(SharedStreamProducer):
         return await self._queue_url(name, account)
 
     async def _receive(self) -> list[SqsDelivery]:
+        """One ReceiveMessage call; what it returns is outstanding (heartbeat-covered).
+
+        The call runs in a task of its own: if the poll is cancelled meanwhile (a stop,
+        a failing group), the call still completes (within its long-poll wait) and what
+        SQS handed out is made visible again at once, instead of staying invisible for
+        the visibility timeout (on FIFO queues, with its groups blocked meanwhile).
+        """
+        task = asyncio.create_task(
+            self._receive_call(self._receive_request()),
+            name=f"acklane sqs receive {self.queue_url}",
+        )
+        self._receive_task = task
+        try:
+            received = await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if not task.done() or (not task.cancelled() and task.exception() is None):
+                self._orphan = task
+                task.add_done_callback(self._settle_orphan)
+            raise
+        if not received and self.config.wait_time_seconds == 0:
+            await asyncio.sleep(_EMPTY_SHORT_POLL_PAUSE)
+        return received
+
+    def _receive_request(self) -> dict[str, Any]:
         cfg = self.config
         request: dict[str, Any] = {
             "QueueUrl": self.queue_url,
@@ -353,6 +512,17 @@ class SqsStreamProducer(SharedStreamProducer):
         }
         if cfg.visibility_timeout is not None:
             request["VisibilityTimeout"] = cfg.visibility_timeout
+        if self.is_fifo:
+            # A receive that failed (its answer lost, its producer closed) is retried with
+            # the same id: SQS then returns the batch it may already have handed out,
+            # instead of leaving it invisible and its groups blocked.
+            now = time.monotonic()
+            if self._attempt is None or self._attempt[1] <= now:
+                self._attempt = (uuid.uuid4().hex, now + _ATTEMPT_ID_LIFETIME)
+            request["ReceiveRequestAttemptId"] = self._attempt[0]
+        return request
+
+    async def _receive_call(self, request: dict[str, Any]) -> list[SqsDelivery]:
         started = time.monotonic()
         try:
             response = await self._client.receive_message(**request)
@@ -360,6 +530,7 @@ class SqsStreamProducer(SharedStreamProducer):
             raise SqsConnectorError(
                 f"SQS queue {self.queue_url}: ReceiveMessage failed: {exc}"
             ) from exc
+        self._attempt = None  # answered: the next receive is a new attempt
         received = []
         for raw in response.get("Messages", ()):
             delivery = SqsDelivery(
@@ -370,9 +541,97 @@ class SqsStreamProducer(SharedStreamProducer):
             )
             self._outstanding[delivery.receipt_handle] = delivery
             received.append(delivery)
-        if not received and cfg.wait_time_seconds == 0:
-            await asyncio.sleep(_EMPTY_SHORT_POLL_PAUSE)
         return received
+
+    def _settle_orphan(self, task: asyncio.Task[list[SqsDelivery]]) -> None:
+        """Release what a receive cut off by a stop returned (once; also called by aclose)."""
+        if self._orphan is not task or not task.done():
+            return
+        self._orphan = None
+        if task.cancelled() or task.exception() is not None:
+            return  # nothing was handed to us; a FIFO attempt id stays for a retry
+        received = task.result()
+        for delivery in received:
+            self._release_now(delivery)
+        if received:
+            log.info(
+                "SQS queue %s: released %d message(s) that a receive returned after its "
+                "poll was stopped",
+                self.queue_url,
+                len(received),
+            )
+            self._wake_flusher()
+
+    def _release_unyielded(self) -> None:
+        """Messages received but never handed to the engine go back to the queue now."""
+        if not self._unyielded:
+            return
+        while self._unyielded:
+            self._release_now(self._unyielded.popleft())
+        self._wake_flusher()
+
+    def _release_now(self, delivery: SqsDelivery) -> None:
+        """Make a message the engine never saw visible again.
+
+        Unlike a failed message's release this holds nothing back: on a FIFO queue
+        such a message comes after everything of its group we hold, and SQS does not
+        deliver it before those are deleted or visible again.
+        """
+        self._outstanding.pop(delivery.receipt_handle, None)
+        self._holding_back.discard(delivery.receipt_handle)
+        self._to_release.append(_Pending(delivery, 0))
+
+    async def _take_parked(self) -> list[SqsDelivery]:
+        """Take over the leases a closed producer of this queue kept for us, in order."""
+        lot = _PARKED.pop(self._lot_key, None)
+        if lot is None:
+            return []
+        now = time.monotonic()
+        attempt = lot.attempt
+        if attempt is not None and self.is_fifo and self._attempt is None and attempt[1] > now:
+            self._attempt = attempt
+        taken = [d for d in lot.deliveries if d.visible_until - now > self.takeover_margin]
+        if len(taken) < len(lot.deliveries):
+            log.info(
+                "SQS queue %s: %d parked message(s) were held too long to take over; SQS "
+                "delivers them again",
+                self.queue_url,
+                len(lot.deliveries) - len(taken),
+            )
+        if not taken:
+            return []
+        for delivery in taken:
+            delivery.extension_stopped = False
+            self._outstanding[delivery.receipt_handle] = delivery
+        # Renew them as a receive would have: the visibility timeout from now.
+        async with self._visibility_lock:
+            now = time.monotonic()
+            results = await self._set_visibility(
+                [(d, max(min(self.visibility_timeout, self._cap_left(d, now)), 1)) for d in taken]
+            )
+        kept = []
+        for delivery, failure in results:
+            if failure is None:
+                kept.append(delivery)
+                continue
+            self._outstanding.pop(delivery.receipt_handle, None)
+            log.warning(
+                "SQS message %s on %s: its parked lease could not be taken over (%s: %s); "
+                "SQS delivers it again",
+                delivery.message_id,
+                self.queue_url,
+                failure.get("Code"),
+                failure.get("Message"),
+            )
+        self.taken_over += len(kept)
+        if kept:
+            log.info(
+                "SQS queue %s: took over %d message(s) left unresolved by the previous "
+                "producer, without receiving them again",
+                self.queue_url,
+                len(kept),
+            )
+        return kept
 
     def _count_request(self, event_name: str = "", **_: Any) -> None:
         self.api_calls[event_name.rsplit(".", 1)[-1]] += 1
@@ -382,6 +641,7 @@ class SqsStreamProducer(SharedStreamProducer):
     async def advance(self, batch: Sequence[AdvanceItem]) -> None:
         self._raise_failure()
         rejects: list[tuple[SqsDelivery, AdvanceOutcome]] = []
+        after_reject: list[SqsDelivery] = []  # clean, but behind a reject in their lane
         for item in batch:
             delivery: SqsDelivery = item.broker_payload
             outcome = item.outcome
@@ -395,17 +655,31 @@ class SqsStreamProducer(SharedStreamProducer):
                 self._release(delivery, 0)
             elif outcome.rejected > 0:
                 rejects.append((delivery, outcome))
+            elif rejects:
+                after_reject.append(delivery)
             else:
                 self._outstanding.pop(delivery.receipt_handle, None)
                 self._to_delete.append(_Pending(delivery))
         if rejects:
-            await self._dead_letter(rejects)
+            try:
+                await self._dead_letter(rejects)
+            except BaseException:
+                # A reject of this lane could not be dead-lettered and comes back: on a
+                # FIFO queue what follows it in its group must come back after it.
+                for delivery in after_reject:
+                    self._release(delivery, 0)
+                self._wake_flusher()
+                raise
+            for delivery in after_reject:
+                self._outstanding.pop(delivery.receipt_handle, None)
+                self._to_delete.append(_Pending(delivery))
         if len(self._to_delete) + len(self._to_release) >= _BUFFER_LIMIT:
             await self.flush()  # the flusher fell behind: push back on the engine
         self._wake_flusher()
 
     def _release(self, delivery: SqsDelivery, visibility: int) -> None:
         self._outstanding.pop(delivery.receipt_handle, None)
+        self._holding_back.discard(delivery.receipt_handle)
         self._to_release.append(_Pending(delivery, visibility))
         if self.is_fifo and delivery.group_id is not None:
             # SQS redelivers this one only once the group's later messages we hold are
@@ -415,6 +689,8 @@ class SqsStreamProducer(SharedStreamProducer):
                     self._holding_back.add(other.receipt_handle)
 
     async def _dead_letter(self, rejects: list[tuple[SqsDelivery, AdvanceOutcome]]) -> None:
+        """Copy rejects to the dead-letter queue, then delete them; a reject never copied
+        is never deleted: it is released (it comes back) and the group fails."""
         dlq = self.dead_letter_queue_url
         if dlq is None:
             for delivery, outcome in rejects:
@@ -430,31 +706,104 @@ class SqsStreamProducer(SharedStreamProducer):
                 self._to_delete.append(_Pending(delivery))
             return
         fifo = dlq.endswith(".fifo")
-        prepared = [(d, o, self._dead_letter_entry(d, o, fifo=fifo)) for d, o in rejects]
+        errors: list[str] = []
+        prepared = []
+        for delivery, outcome in rejects:
+            if errors and self.is_fifo:
+                self._release(delivery, 0)  # behind a reject that comes back: comes back too
+                continue
+            entry = self._dead_letter_entry(delivery, outcome, fifo=fifo)
+            limit = self.dead_letter_max_size
+            if limit is not None and _entry_bytes(entry) > limit:
+                fitted = _fit_reason(entry, limit)
+                if fitted is None:  # too large even with acklane's reason cut short
+                    errors.append(self._refused(delivery, dlq, _entry_bytes(entry), limit))
+                    continue
+                entry = fitted
+            prepared.append((delivery, outcome, entry))
         for chunk in _batches_by_size(prepared):
-            entries = [{**entry, "Id": str(i)} for i, (_, _, entry) in enumerate(chunk)]
-            failures = await self._run_batch("send_message_batch", dlq, entries)
-            for i, (delivery, outcome, _) in enumerate(chunk):
-                if str(i) in failures:
-                    continue  # stays outstanding: released at aclose, redelivered, retried
-                log.info(
-                    "SQS message %s from %s rejected (%s): sent to dead-letter queue %s",
-                    delivery.message_id,
-                    self.queue_url,
-                    _reason(outcome),
-                    dlq,
-                )
-                self.dead_lettered += 1
-                self._outstanding.pop(delivery.receipt_handle, None)
-                self._to_delete.append(_Pending(delivery))
-            if failures:
-                first_id, first = next(iter(failures.items()))
-                delivery = chunk[int(first_id)][0]
-                raise SqsAdvanceError(
-                    f"SQS dead-letter queue {dlq}: {len(failures)} rejected message(s) could "
-                    f"not be sent, e.g. message {delivery.message_id} from {self.queue_url}: "
-                    f"{first.get('Code')}: {first.get('Message')}"
-                )
+            if errors and self.is_fifo:
+                for delivery, _, _ in chunk:
+                    self._release(delivery, 0)
+                continue
+            failures = await self._send_copies(dlq, [entry for _, _, entry in chunk])
+            for i, (delivery, outcome, entry) in enumerate(chunk):
+                failure = failures.get(str(i))
+                if failure is None:
+                    log.info(
+                        "SQS message %s from %s rejected (%s): sent to dead-letter queue %s",
+                        delivery.message_id,
+                        self.queue_url,
+                        _reason(outcome),
+                        dlq,
+                    )
+                    self.dead_lettered += 1
+                    self._outstanding.pop(delivery.receipt_handle, None)
+                    self._to_delete.append(_Pending(delivery))
+                elif _is_size_refusal(failure):
+                    message = str(failure.get("Message", ""))
+                    errors.append(
+                        self._refused(
+                            delivery, dlq, _entry_bytes(entry), _limit_in(message), failure
+                        )
+                    )
+                else:
+                    self._keep_undead_lettered(delivery)
+                    errors.append(
+                        f"SQS dead-letter queue {dlq}: the copy of rejected message "
+                        f"{delivery.message_id} from {self.queue_url} was not sent: "
+                        f"{failure.get('Code')}: {failure.get('Message')}"
+                    )
+        if errors:
+            more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+            raise SqsAdvanceError(errors[0] + more)
+
+    async def _send_copies(self, dlq: str, entries: list[dict[str, Any]]) -> dict[str, Any]:
+        """SendMessageBatch; returns the failed entries by index, whatever went wrong."""
+        batch = [{**entry, "Id": str(i)} for i, entry in enumerate(entries)]
+        try:
+            return await self._run_batch("send_message_batch", dlq, batch)
+        except Exception as exc:
+            failure = _failure_of(exc)
+            if len(entries) > 1 and _is_size_refusal(failure):
+                # One entry too large refuses the whole call on some endpoints: send
+                # them one by one, so that only the culprits stay behind.
+                failures: dict[str, Any] = {}
+                for i, entry in enumerate(entries):
+                    alone = await self._send_copies(dlq, [entry])
+                    if "0" in alone:
+                        failures[str(i)] = alone["0"]
+                return failures
+            return {entry["Id"]: failure for entry in batch}
+
+    def _refused(
+        self,
+        delivery: SqsDelivery,
+        dlq: str,
+        size: int,
+        limit: int | None,
+        failure: dict[str, Any] | None = None,
+    ) -> str:
+        """Count and log a copy refused for its size; the original stays. Returns the error."""
+        self.dead_letter_refused += 1
+        self._keep_undead_lettered(delivery)
+        most = f"at most {limit} bytes" if limit is not None else "less"
+        said = f" (SQS: {failure.get('Code')}: {failure.get('Message')})" if failure else ""
+        text = (
+            f"SQS dead-letter queue {dlq} cannot take the copy of rejected message "
+            f"{delivery.message_id} from {self.queue_url}: the copy is {size} bytes "
+            f"(body and attributes) and the dead-letter queue takes {most}{said}. Raise "
+            f"the MaximumMessageSize of the dead-letter queue {dlq}. The message is not "
+            f"deleted: it goes back to {self.queue_url} and fails its group each time it "
+            f"is rejected"
+        )
+        log.error("%s", text)
+        return text
+
+    def _keep_undead_lettered(self, delivery: SqsDelivery) -> None:
+        """A reject whose copy did not land: never deleted; released like a failure, so
+        that its receive count grows and the queue's own redrive policy still applies."""
+        self._release(delivery, self.config.redelivery_backoff.delay(delivery.receive_count))
 
     def _dead_letter_entry(
         self, delivery: SqsDelivery, outcome: AdvanceOutcome, *, fifo: bool
@@ -462,13 +811,15 @@ class SqsStreamProducer(SharedStreamProducer):
         original = {
             name: _sendable(value) for name, value in delivery.message.message_attributes.items()
         }
+        # Bounded: the origin is a URL and an id; the reason at most REASON_MAX_BYTES.
         ours = {
             "acklane.origin.queue": _string(self.queue_url or ""),
             "acklane.origin.message_id": _string(delivery.message_id),
             "acklane.reject.reason": _string(_reason(outcome)),
         }
         if len(original) + len(ours) > _MAX_ATTRIBUTES:
-            ours[PACKED_ATTRIBUTES] = _string(json.dumps(_packable(original), sort_keys=True))
+            packed = json.dumps(_packable(original), sort_keys=True, separators=(",", ":"))
+            ours[PACKED_ATTRIBUTES] = _string(packed)
             original = {}
         entry: dict[str, Any] = {
             "MessageBody": delivery.message.native["Body"],
@@ -644,30 +995,40 @@ class SqsStreamProducer(SharedStreamProducer):
                     )
                     continue
                 due.append((delivery, timeout))
-            for chunk in _chunks(due):
-                sent_at = time.monotonic()
-                entries = [
-                    {"Id": str(i), "ReceiptHandle": d.receipt_handle, "VisibilityTimeout": t}
-                    for i, (d, t) in enumerate(chunk)
-                ]
-                failures = await self._run_batch(
-                    "change_message_visibility_batch", self.queue_url, entries
+            for delivery, failure in await self._set_visibility(due):
+                if failure is None:
+                    self.extended += 1
+                    continue
+                if _is_vanished(failure):
+                    delivery.extension_stopped = True
+                log.warning(
+                    "SQS message %s on %s: visibility extension refused (%s: %s)",
+                    delivery.message_id,
+                    self.queue_url,
+                    failure.get("Code"),
+                    failure.get("Message"),
                 )
-                for i, (delivery, timeout) in enumerate(chunk):
-                    failure = failures.get(str(i))
-                    if failure is None:
-                        delivery.visible_until = sent_at + timeout
-                        self.extended += 1
-                        continue
-                    if _is_vanished(failure):
-                        delivery.extension_stopped = True
-                    log.warning(
-                        "SQS message %s on %s: visibility extension refused (%s: %s)",
-                        delivery.message_id,
-                        self.queue_url,
-                        failure.get("Code"),
-                        failure.get("Message"),
-                    )
+
+    async def _set_visibility(
+        self, pairs: Sequence[tuple[SqsDelivery, int]]
+    ) -> list[tuple[SqsDelivery, dict[str, Any] | None]]:
+        """Make each message invisible for its seconds from now; each with its failure."""
+        results: list[tuple[SqsDelivery, dict[str, Any] | None]] = []
+        for chunk in _chunks(pairs):
+            sent_at = time.monotonic()
+            entries = [
+                {"Id": str(i), "ReceiptHandle": d.receipt_handle, "VisibilityTimeout": t}
+                for i, (d, t) in enumerate(chunk)
+            ]
+            failures = await self._run_batch(
+                "change_message_visibility_batch", self.queue_url, entries
+            )
+            for i, (delivery, timeout) in enumerate(chunk):
+                failure = failures.get(str(i))
+                if failure is None:
+                    delivery.visible_until = sent_at + timeout
+                results.append((delivery, failure))
+        return results
 
     def _cap_left(self, delivery: SqsDelivery, now: float) -> int:
         """Whole seconds the message may still be made invisible, counted from ``now``."""
@@ -676,22 +1037,44 @@ class SqsStreamProducer(SharedStreamProducer):
     # ------------------------------------------------------------------- close
 
     async def aclose(self) -> None:
+        """Settle what can be settled, keep or release the rest, close the client.
+
+        In order: a receive cut off by the stop is awaited (at most its long-poll
+        wait) and what it returned is released; buffered deletes and releases are
+        sent; messages the engine never resolved keep their lease for
+        ``restart_lease_hold`` seconds, parked for the next producer of this queue in
+        this process (released at once when the hold is 0).
+        """
         if self._closed:
             return
         self._closed = True
-        await self._stop_task(self._heartbeat_task)
-        async with self._flush_lock:  # let a flush in flight finish: it holds popped entries
-            await self._stop_task(self._flusher_task)
+        try:
+            await self._finish_receive()
+        finally:
+            await self._stop_task(self._heartbeat_task)
+            async with self._flush_lock:  # let a flush in flight finish: it holds popped entries
+                await self._stop_task(self._flusher_task)
         if self._client is not None:
-            # What was pulled but never advanced was abandoned: make it visible now
-            # rather than when its visibility lapses.
+            self._release_unyielded()
+            # What was pulled but never advanced was abandoned: keep its lease for the
+            # next producer, or make it visible now rather than when its lease lapses.
+            to_park = []
+            hold = self.config.restart_lease_hold
             for delivery in list(self._outstanding.values()):
-                self._to_release.append(_Pending(delivery, 0))
+                if (
+                    hold > 0
+                    and not delivery.extension_stopped
+                    and delivery.receipt_handle not in self._holding_back
+                ):
+                    to_park.append(delivery)
+                else:
+                    self._to_release.append(_Pending(delivery, 0))
             self._outstanding.clear()
             self._holding_back.clear()
             try:
                 async with asyncio.timeout(30):
                     await self.flush()
+                    await self._park(to_park)
             except Exception as exc:
                 log.warning(
                     "SQS queue %s: final flush failed (%s); unsettled messages will be "
@@ -699,11 +1082,76 @@ class SqsStreamProducer(SharedStreamProducer):
                     self.queue_url,
                     exc,
                 )
+            if self.is_fifo and self._attempt is not None:
+                # A receive that never answered: the next producer retries its attempt id.
+                _PARKED.setdefault(self._lot_key, _Lot()).attempt = self._attempt
         try:
             await self._stack.aclose()
         except Exception as exc:
             log.warning("SQS queue %s: closing the client failed: %s", self.queue_url, exc)
         self._client = None
+
+    async def _finish_receive(self) -> None:
+        """Let a receive cut off by a stop complete, bounded by its wait, and settle it."""
+        task = self._orphan
+        if task is None:
+            task = self._receive_task
+            if task is None or task.done():
+                return
+            # The poll was not cancelled but the producer closes: nobody will yield it.
+            self._orphan = task
+        if not task.done():
+            try:
+                await asyncio.wait([task], timeout=self.config.wait_time_seconds + _RECEIVE_GRACE)
+            finally:
+                if not task.done():
+                    log.warning(
+                        "SQS queue %s: a receive cut off by the stop did not answer in time; "
+                        "what it may have received comes back when its visibility lapses",
+                        self.queue_url,
+                    )
+                    task.cancel()
+                    await asyncio.wait([task])
+        self._settle_orphan(task)
+
+    async def _park(self, deliveries: list[SqsDelivery]) -> None:
+        """Keep unresolved messages invisible for the hold, for the next producer to take."""
+        if not deliveries:
+            return
+        now = time.monotonic()
+        pairs = []
+        for delivery in deliveries:
+            hold = min(self.config.restart_lease_hold, self._cap_left(delivery, now))
+            if hold > self.takeover_margin:
+                pairs.append((delivery, hold))
+            else:  # nobody could take it over in time (SQS's 12-hour cap): release it
+                self._to_release.append(_Pending(delivery, 0))
+        await self.flush()
+        parked = []
+        for delivery, failure in await self._set_visibility(pairs):
+            if failure is None:
+                parked.append(delivery)
+            else:
+                log.warning(
+                    "SQS message %s on %s: its lease could not be kept for a restart "
+                    "(%s: %s); SQS delivers it again when its visibility lapses",
+                    delivery.message_id,
+                    self.queue_url,
+                    failure.get("Code"),
+                    failure.get("Message"),
+                )
+        if not parked:
+            return
+        _PARKED.setdefault(self._lot_key, _Lot()).deliveries.extend(parked)
+        self.parked += len(parked)
+        log.info(
+            "SQS queue %s: kept the leases of %d unresolved message(s) for %ss "
+            "(restart_lease_hold), for the next producer of this queue in this process; "
+            "otherwise SQS delivers them again then",
+            self.queue_url,
+            len(parked),
+            self.config.restart_lease_hold,
+        )
 
     # --------------------------------------------------------------- internals
 
@@ -749,8 +1197,27 @@ def _reveal(secret: Any) -> str | None:
 
 
 def _reason(outcome: AdvanceOutcome) -> str:
-    reasons = "; ".join(r for r in outcome.reject_reasons if r)
-    return reasons or f"rejected by {outcome.rejected} watcher(s)"
+    """The reason a dead-letter copy carries: bounded, the same wording in every connector."""
+    return reject_reason(outcome.reject_reasons, outcome.rejected)
+
+
+def _fit_reason(entry: dict[str, Any], limit: int) -> dict[str, Any] | None:
+    """``entry`` with its reason cut so that it fits ``limit`` bytes, or None if it can't."""
+    attributes = entry["MessageAttributes"]
+    reason = str(attributes["acklane.reject.reason"]["StringValue"])
+    room = len(reason.encode("utf-8")) - (_entry_bytes(entry) - limit)
+    if room < len(TRUNCATED_MARK.encode("utf-8")):
+        return None
+    cut = {**attributes, "acklane.reject.reason": _string(bounded_text(reason, room))}
+    fitted = {**entry, "MessageAttributes": cut}
+    return fitted if _entry_bytes(fitted) <= limit else None
+
+
+def _int_or_none(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
 
 
 def _string(value: str) -> dict[str, str]:
