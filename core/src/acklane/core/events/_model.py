@@ -37,7 +37,7 @@ class EventRecord:
     stream_key: str
     #: A JSON value (dict, list, str, int, float, bool, None).
     payload: Any
-    #: Upstream message identity (Kafka topic/partition/offset, SQS MessageId...), or None.
+    #: Upstream message identity (unique per connector: see docs/connectors), or None.
     message_id: str | None
     #: 0-based index among the trigger events this trigger yielded for that message.
     position: int
