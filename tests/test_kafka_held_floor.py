@@ -69,7 +69,7 @@ def test_a_held_record_gone_from_the_log_does_not_stop_the_partition_for_good() 
     )
     consumer = StandInConsumer()
     producer._consumer = consumer
-    producer._owned = {("t", 0): 1}
+    producer._on_assign(consumer, [TopicPartition("t", 0)])
     producer._advance([AdvanceItem(delivery(0), CLEAN), AdvanceItem(delivery(1), FAILED)])
     assert consumer.seeks == [(0, 1)]
     assert consumer.commits == [[(0, 1)]]
@@ -87,7 +87,7 @@ def test_a_held_record_that_comes_back_keeps_its_floor_until_resolved() -> None:
     )
     consumer = StandInConsumer()
     producer._consumer = consumer
-    producer._owned = {("t", 0): 1}
+    producer._on_assign(consumer, [TopicPartition("t", 0)])
     producer._advance([AdvanceItem(delivery(0), FAILED)])
     consumer.queued = [Record(0), Record(1)]
     producer._fetch(10, False)

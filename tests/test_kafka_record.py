@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 from confluent_kafka import TIMESTAMP_CREATE_TIME, TIMESTAMP_NOT_AVAILABLE
 
-from acklane.connectors.kafka import KafkaDelivery, KafkaMessage
+from acklane.connectors.kafka import KafkaDelivery, KafkaMessage, message_id_of
+from acklane.connectors.kafka._message import id_prefix
 from acklane.core.message import BodyDecodeError, RawMessage
 
 
@@ -43,8 +44,11 @@ class Native:
         return self._timestamp
 
 
+PREFIX = id_prefix("c-1", "orders", "T0pic1d", 2)
+
+
 def record(native: Any, offset: int = 7) -> KafkaMessage:
-    return KafkaMessage(native, 3, ("orders", 2), offset)
+    return KafkaMessage(native, 3, ("orders", 2), offset, PREFIX)
 
 
 def test_a_record_is_a_raw_message_and_its_own_broker_payload() -> None:
@@ -53,7 +57,7 @@ def test_a_record_is_a_raw_message_and_its_own_broker_payload() -> None:
     assert KafkaDelivery is KafkaMessage
     assert (r.topic, r.partition, r.offset) == ("orders", 2, 7)
     assert (r.lane, r.generation) == (("orders", 2), 3)
-    assert r.message_id == "orders/2/7"
+    assert r.message_id == "kafka:c-1/orders:T0pic1d/2/7"
     assert (r.body, r.key, r.key_bytes, r.source) == (b'{"n": 1}', "k-1", b"k-1", "orders")
     assert r.json() == {"n": 1}
     assert r.native is r.message
@@ -74,13 +78,13 @@ def test_a_tombstone_without_key_headers_or_timestamp() -> None:
     r = record(Native(None, timestamp=(TIMESTAMP_NOT_AVAILABLE, 0)))
     assert r.tombstone and r.body == b""
     assert (r.key, r.key_bytes, r.attributes, r.headers, r.timestamp) == (None, None, {}, (), None)
-    with pytest.raises(BodyDecodeError, match="orders/2/7 body is not JSON"):
+    with pytest.raises(BodyDecodeError, match="kafka:c-1/orders:T0pic1d/2/7 body is not JSON"):
         r.json()
 
 
 def test_repr_and_equality_follow_the_record() -> None:
     native = Native(b"hello")
-    assert repr(record(native)) == "KafkaMessage('orders/2/7', body=b'hello')"
+    assert repr(record(native)) == "KafkaMessage('kafka:c-1/orders:T0pic1d/2/7', body=b'hello')"
     assert record(native) == record(native)
     assert record(native) != record(native, offset=8)
 
@@ -95,7 +99,33 @@ def test_the_record_is_read_only_and_copies() -> None:
     for twin in (copy.copy(r), copy.deepcopy(r)):
         assert twin == r and twin is not r
         assert (twin.message_id, twin.attributes, twin.native) == (
-            "orders/2/7",
+            "kafka:c-1/orders:T0pic1d/2/7",
             {"a": "1"},
             r.native,
         )
+
+
+class Located(Native):
+    def topic(self) -> str:
+        return "orders"
+
+    def partition(self) -> int:
+        return 2
+
+    def offset(self) -> int:
+        return 7
+
+
+def test_the_message_id_names_the_cluster_and_the_topic_id_where_there_is_one() -> None:
+    native = Located(b"x")
+    assert message_id_of(native, "c-1", "T0pic1d") == "kafka:c-1/orders:T0pic1d/2/7"
+    assert message_id_of(native, "c-1") == "kafka:c-1/orders/2/7"  # a broker without topic ids
+    assert message_id_of(native, "c-1", "T0pic1d") == record(native).message_id
+
+
+def test_the_same_position_on_another_cluster_or_topic_life_is_another_message() -> None:
+    records = [
+        KafkaMessage(Native(b"x"), 1, ("orders", 2), 7, id_prefix(cluster, "orders", tid, 2))
+        for cluster, tid in [("c-1", "A"), ("c-2", "A"), ("c-1", "B"), ("c-1", None)]
+    ]
+    assert len({r.message_id for r in records}) == 4

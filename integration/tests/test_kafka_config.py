@@ -149,3 +149,32 @@ def test_security_fields_pass_through_to_librdkafka_and_stay_out_of_descriptions
     assert dlq["linger.ms"] == 5 and "linger.ms" not in consumer
     assert "group.id" not in dlq
     assert "s3cret" not in c.describe() and "s3cret" not in repr(c)
+
+
+@pytest.mark.parametrize(
+    ("fields", "at_end"),
+    [
+        ({}, False),
+        ({"auto_offset_reset": "latest"}, True),
+        ({"auto_offset_reset": "error"}, False),
+        ({"client": {"auto.offset.reset": "largest"}}, True),  # librdkafka's synonyms
+        ({"auto_offset_reset": "latest", "client": {"auto.offset.reset": "smallest"}}, False),
+    ],
+)
+def test_where_a_partition_without_a_commit_starts_follows_the_effective_setting(
+    fields: dict[str, Any], at_end: bool
+) -> None:
+    assert config(**fields).starts_at_the_end() is at_end
+
+
+def test_the_admin_client_gets_servers_security_and_shared_properties_only() -> None:
+    c = config(
+        security_protocol="SSL",
+        client={"session.timeout.ms": 6000, "socket.timeout.ms": 5000},
+        dlq_client={"linger.ms": 5},
+    )
+    assert c.admin_settings() == {
+        "bootstrap.servers": NOWHERE,
+        "security.protocol": "SSL",
+        "socket.timeout.ms": 5000,
+    }

@@ -195,9 +195,10 @@ async def test_message_id_and_raw_record_fields(
 
     [(_, first), (raw, delivery)] = await driver.take(2)
 
-    assert driver.producer.message_id(delivery) == f"{topic}/0/1"
-    assert driver.producer.message_id(first) == f"{topic}/0/0"
-    assert raw.message_id == f"{topic}/0/1"
+    named = f"kafka:{kafka_kit.cluster_id()}/{topic}:{kafka_kit.topic_id(topic)}"
+    assert driver.producer.message_id(delivery) == f"{named}/0/1"
+    assert driver.producer.message_id(first) == f"{named}/0/0"
+    assert raw.message_id == f"{named}/0/1"
     assert (raw.topic, raw.partition, raw.offset) == (topic, 0, 1)
     assert raw.json() == {"n": 1}
     assert (raw.key, raw.key_bytes) == ("order-7", b"order-7")
@@ -316,7 +317,7 @@ async def test_a_dlq_copy_the_producer_refuses_fails_the_advance_naming_the_reco
     driver = open_kafka_stream(config)
 
     got = await driver.take(2)
-    with pytest.raises(KafkaAdvanceError, match=rf"{topic}/0/1 .*message\.max\.bytes"):
+    with pytest.raises(KafkaAdvanceError, match=rf"{topic}:\S+/0/1: .*message\.max\.bytes"):
         await driver.producer.advance(items(got, CLEAN, rejected("no")))
 
     assert kafka_kit.committed(config.group_id, topic) == {0: None}  # not even the clean one

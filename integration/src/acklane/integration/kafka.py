@@ -5,14 +5,19 @@
 ``apache/kafka`` image (single-node KRaft) through testcontainers. Both wait
 until the broker answers a real metadata request.
 
+Every emulator gets a cluster id of its own, as real clusters have (acklane's Kafka
+message ids name the cluster); pass ``cluster_id`` to choose it.
+
 Known tansu differences from Apache Kafka (tests should not depend on them):
 a consumer group join takes about half of ``session.timeout.ms`` (use a short
-one, 2000 ms with ``heartbeat.interval.ms`` 300, in tests), and high-water marks
-are wrong (read committed offsets, not end offsets).
+one, 2000 ms with ``heartbeat.interval.ms`` 300, in tests), high-water marks
+are wrong (read committed offsets, not end offsets), and topic configs are kept
+(and reported) only as given at creation, ``max.message.bytes`` not enforced.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import importlib.resources
 import os
@@ -35,11 +40,24 @@ __all__ = [
     "KafkaKit",
     "TansuEmulator",
     "kafka_metadata_brokers",
+    "new_cluster_id",
     "tansu_binary",
 ]
 
 DEFAULT_IMAGE = "apache/kafka:3.9.1"
 TANSU_ENV = "ACKLANE_TANSU_BIN"
+
+
+def new_cluster_id() -> str:
+    """A fresh cluster id in Kafka's own form (a UUID as 22 URL-safe base64 characters).
+
+    Like Kafka's ``Uuid.randomUuid``, never one that starts with ``-``: command lines
+    (tansu's, ``kafka-storage format -t``) would take it for an option.
+    """
+    while True:
+        cluster = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster.startswith("-"):
+            return cluster
 
 
 def tansu_binary() -> str:
@@ -165,11 +183,14 @@ class TansuEmulator(Emulator):
         binary: str | None = None,
         storage: str = "memory://tansu/",
         startup_timeout: float = 30.0,
+        cluster_id: str | None = None,
     ) -> None:
         self.host = host
         self.port = port
         self.binary = binary
         self.storage = storage
+        #: Kept across stop() and start() of this emulator; unique to it unless given.
+        self.cluster_id = cluster_id or new_cluster_id()
         self.startup_timeout = startup_timeout
         self._process: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
@@ -222,8 +243,7 @@ class TansuEmulator(Emulator):
                 url,
                 "--storage-engine",
                 self.storage,
-                "--cluster-id",
-                "acklane",
+                f"--cluster-id={self.cluster_id}",
             ],
             stdin=subprocess.DEVNULL,
             stdout=self._log,
@@ -283,9 +303,17 @@ class KafkaDockerEmulator(Emulator):
     broker: ClassVar[str] = "kafka"
     backend: ClassVar[str] = "docker"
 
-    def __init__(self, *, image: str = DEFAULT_IMAGE, startup_timeout: float = 120.0) -> None:
+    def __init__(
+        self,
+        *,
+        image: str = DEFAULT_IMAGE,
+        startup_timeout: float = 120.0,
+        cluster_id: str | None = None,
+    ) -> None:
         self.image = image
         self.startup_timeout = startup_timeout
+        #: The image's CLUSTER_ID (22 base64 characters); unique to this emulator unless given.
+        self.cluster_id = cluster_id or new_cluster_id()
         self._container: Any = None
         self._host: str | None = None
         self._port: int | None = None
@@ -317,6 +345,7 @@ class KafkaDockerEmulator(Emulator):
         except Exception:  # modes that need the started container to know
             host = "localhost"
         env = {
+            "CLUSTER_ID": self.cluster_id,
             "KAFKA_NODE_ID": "1",
             "KAFKA_PROCESS_ROLES": "broker,controller",
             "KAFKA_LISTENERS": "PLAINTEXT://:9092,CONTROLLER://:9093",
@@ -392,18 +421,52 @@ class KafkaKit:
     def unique(prefix: str) -> str:
         return f"{prefix}-{uuid.uuid4().hex[:10]}"
 
-    def new_topic(self, prefix: str = "topic", partitions: int = 1) -> str:
+    def new_topic(
+        self, prefix: str = "topic", partitions: int = 1, config: dict[str, str] | None = None
+    ) -> str:
         """Create a topic with a fresh name and return the name."""
+        name = self.unique(prefix)
+        self.create_topic(name, partitions, config)
+        return name
+
+    def create_topic(
+        self, name: str, partitions: int = 1, config: dict[str, str] | None = None
+    ) -> None:
+        """Create the topic ``name``, with topic-level ``config`` (e.g. ``max.message.bytes``)."""
         from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
 
-        name = self.unique(prefix)
         futures = self._admin.create_topics(
-            [NewTopic(name, num_partitions=partitions, replication_factor=1)],
+            [NewTopic(name, num_partitions=partitions, replication_factor=1, config=config or {})],
             operation_timeout=10,
         )
         for future in futures.values():
             future.result(timeout=15)
-        return name
+
+    def cluster_id(self) -> str:
+        """The cluster's id, from its metadata."""
+        cluster: str = self._admin.list_topics(timeout=10).cluster_id
+        return cluster
+
+    def topic_id(self, topic: str) -> str | None:
+        """The topic's id (URL-safe base64), or ``None`` when the broker gives none."""
+        from confluent_kafka import TopicCollection
+
+        futures = self._admin.describe_topics(TopicCollection([topic]))
+        topic_id = futures[topic].result(timeout=15).topic_id
+        if topic_id is None or not (
+            topic_id.get_most_significant_bits() or topic_id.get_least_significant_bits()
+        ):
+            return None
+        return str(topic_id)
+
+    def message_id(self, topic: str, partition: int, offset: int) -> str:
+        """The ``message_id`` acklane's Kafka connector gives a record, from this kit's reads.
+
+        ``kafka:<cluster id>/<topic>[:<topic id>]/<partition>/<offset>``.
+        """
+        topic_id = self.topic_id(topic)
+        named = topic if topic_id is None else f"{topic}:{topic_id}"
+        return f"kafka:{self.cluster_id()}/{named}/{partition}/{offset}"
 
     def produce(
         self,

@@ -53,6 +53,8 @@ _CONSUMER_ONLY_PREFIXES = (
 )
 
 _FALSE_VALUES = {"false", "0", "f", "no", "off"}
+#: librdkafka's ``auto.offset.reset`` values that start at the end of the log.
+_RESET_TO_END = frozenset({"latest", "largest", "end"})
 
 
 def _is_false(value: ClientValue) -> bool:
@@ -281,20 +283,38 @@ class KafkaConfig(BaseModel):
         settings["enable.auto.offset.store"] = False
         return settings
 
-    def dlq_settings(self) -> dict[str, Any]:
-        """librdkafka properties of the DLQ producer (secrets included: never log them)."""
+    def starts_at_the_end(self) -> bool:
+        """Whether a partition with no committed offset starts at the end of its log.
+
+        ``auto_offset_reset: latest``, or one of librdkafka's synonyms passed in ``client``.
+        """
+        value = str(self.consumer_settings()["auto.offset.reset"]).strip().lower()
+        return value in _RESET_TO_END
+
+    def _client_settings(self) -> dict[str, Any]:
+        """Servers, security and the ``client`` properties that are not consumer-only."""
         shared = {k: v for k, v in self.client.items() if not k.startswith(_CONSUMER_ONLY_PREFIXES)}
         return {
             "bootstrap.servers": self.bootstrap_servers,
+            **self._security_properties(),
+            **shared,
+        }
+
+    def dlq_settings(self) -> dict[str, Any]:
+        """librdkafka properties of the DLQ producer (secrets included: never log them)."""
+        return {
             # librdkafka refuses records over 1,000,000 bytes by default, while brokers
             # take up to ~1 MiB (and more, per topic): a consumed record must always fit
             # in its DLQ copy, or it would fail every advance of its group. The broker
             # still enforces the DLQ topic's own limit.
             "message.max.bytes": DLQ_MAX_MESSAGE_BYTES,
-            **self._security_properties(),
-            **shared,
+            **self._client_settings(),
             **self.dlq_client,
         }
+
+    def admin_settings(self) -> dict[str, Any]:
+        """librdkafka properties of the admin client that reads topic ids and limits."""
+        return self._client_settings()
 
     def describe(self) -> str:
         """A secret-free one-liner for logs."""

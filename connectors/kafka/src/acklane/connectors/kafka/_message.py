@@ -10,16 +10,34 @@ from confluent_kafka import TIMESTAMP_NOT_AVAILABLE
 
 from acklane.core.message import RawMessage
 
-__all__ = ["KafkaDelivery", "KafkaMessage", "message_id_of"]
+__all__ = ["KafkaDelivery", "KafkaMessage", "id_prefix", "message_id_of"]
 
 Headers = tuple[tuple[str, bytes | None], ...]
 
 _UNSET: Any = object()
 
 
-def message_id_of(message: Any) -> str:
-    """``topic/partition/offset``: a record's identity, stable across redeliveries."""
-    return f"{message.topic()}/{message.partition()}/{message.offset()}"
+def id_prefix(cluster_id: str, topic: str, topic_id: str | None, partition: int) -> str:
+    """``kafka:<cluster_id>/<topic>[:<topic_id>]/<partition>/``: what precedes the offset.
+
+    Offsets restart at 0 on a recreated topic and on another cluster, so the offset
+    alone names a record only within one topic's life on one cluster: the cluster id
+    and the topic id (where the broker gives one) name that life. Topic names hold no
+    ``/`` or ``:`` and topic ids are URL-safe base64, so the id reads back unambiguously
+    from the right whatever the cluster id holds.
+    """
+    tid = f":{topic_id}" if topic_id else ""
+    return f"kafka:{cluster_id}/{topic}{tid}/{partition}/"
+
+
+def message_id_of(message: Any, cluster_id: str, topic_id: str | None = None) -> str:
+    """A record's identity, stable across redeliveries and never reused by another record.
+
+    ``message`` is a confluent-kafka ``Message``; ``cluster_id`` the cluster's id (its
+    metadata's ``cluster_id``), ``topic_id`` the topic's id where the broker gives one.
+    """
+    prefix = id_prefix(cluster_id, message.topic(), topic_id, message.partition())
+    return f"{prefix}{message.offset()}"
 
 
 def _text(data: bytes) -> str:
@@ -32,32 +50,53 @@ class KafkaMessage(RawMessage):
     ``body`` is the value (``b""`` for a tombstone), ``attributes`` the headers
     decoded as UTF-8 (the last value of a repeated header wins; ``headers`` keeps
     them all, as bytes), ``key`` the key decoded as UTF-8 (``key_bytes`` is exact),
-    ``message_id`` ``"topic/partition/offset"``, ``publish_time`` = ``timestamp``,
-    ``native`` (also ``message``) the confluent-kafka ``Message``.
+    ``message_id`` ``"kafka:<cluster_id>/<topic>[:<topic_id>]/<partition>/<offset>"``
+    (see :func:`id_prefix`), ``publish_time`` = ``timestamp``, ``native`` (also
+    ``message``) the confluent-kafka ``Message``.
 
     The same object is the producer's broker payload: ``lane`` is
     ``(topic, partition)`` and ``generation`` tells deliveries of one partition
     apart across rebalances (an advance of a record from an earlier assignment is
     skipped, never committed).
 
-    Only ``message``, ``generation``, ``lane`` and ``offset`` are set when a record
-    arrives; every other field is read from the client's message when first asked
-    for, so a filter pays only for what it looks at. The record is read-only
+    Only ``message``, ``generation``, ``lane``, ``offset`` and the identity prefix
+    of its partition (computed once per assignment) are set when a record arrives;
+    every other field is read from the client's message when first asked for, so a
+    filter pays only for what it looks at. A record built without a prefix (outside
+    a producer) has the bare ``topic/partition/offset`` as its ``message_id``, which
+    names no cluster: the producer always gives one. The record is read-only
     (``copy.copy`` works; ``dataclasses.replace`` does not: build a
     :class:`~acklane.core.message.RawMessage` instead).
     """
 
-    __slots__ = ("_attributes", "_generation", "_lane", "_message", "_mid", "_offset", "_when")
+    __slots__ = (
+        "_attributes",
+        "_generation",
+        "_lane",
+        "_message",
+        "_mid",
+        "_offset",
+        "_prefix",
+        "_when",
+    )
 
-    def __init__(self, message: Any, generation: int, lane: tuple[str, int], offset: int) -> None:
+    def __init__(
+        self,
+        message: Any,
+        generation: int,
+        lane: tuple[str, int],
+        offset: int,
+        prefix: str | None = None,
+    ) -> None:
         self._message = message
         self._generation = generation
         self._lane = lane
         self._offset = offset
+        self._prefix = prefix
         self._attributes = self._mid = self._when = _UNSET
 
     def __copy__(self) -> KafkaMessage:
-        return KafkaMessage(self._message, self._generation, self._lane, self._offset)
+        return KafkaMessage(self._message, self._generation, self._lane, self._offset, self._prefix)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> KafkaMessage:
         return self.__copy__()  # a read-only view of an immutable client message
@@ -95,8 +134,11 @@ class KafkaMessage(RawMessage):
     def message_id(self) -> str:  # type: ignore[override]
         mid: str = self._mid
         if mid is _UNSET:
-            topic, partition = self._lane
-            mid = self._mid = f"{topic}/{partition}/{self._offset}"
+            prefix = self._prefix
+            if prefix is None:
+                topic, partition = self._lane
+                prefix = f"{topic}/{partition}/"
+            mid = self._mid = f"{prefix}{self._offset}"
         return mid
 
     @property

@@ -25,14 +25,29 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import (
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Producer,
+    TopicCollection,
+    TopicPartition,
+)
+from confluent_kafka.admin import (  # type: ignore[attr-defined]
+    AdminClient,
+    ConfigResource,
+    ResourceType,
+)
 
+from acklane.core.deadletter import REASON_MAX_BYTES, bounded_text, reject_reason
 from acklane.core.producer import AdvanceItem, SharedStreamProducer
 
 from ._config import KafkaConfig
-from ._message import KafkaDelivery, KafkaMessage
+from ._message import KafkaDelivery, KafkaMessage, id_prefix
 
 __all__ = [
+    "DLQ_ADDED_MAX_BYTES",
+    "DLQ_GROUP_MAX_BYTES",
     "DLQ_ORIGIN_GROUP",
     "DLQ_ORIGIN_OFFSET",
     "DLQ_ORIGIN_PARTITION",
@@ -58,6 +73,23 @@ DLQ_ORIGIN_PARTITION = "acklane.origin.partition"
 DLQ_ORIGIN_OFFSET = "acklane.origin.offset"
 DLQ_ORIGIN_GROUP = "acklane.origin.group"
 DLQ_REASON = "acklane.reject.reason"  # the reject reasons, joined with "; "
+#: The most bytes of the group name an ``acklane.origin.group`` header carries.
+DLQ_GROUP_MAX_BYTES = 255
+#: The most bytes acklane adds to a dead-letter copy (header names and values; the
+#: topic name is at most 249 bytes, the reason at most ``REASON_MAX_BYTES``).
+DLQ_ADDED_MAX_BYTES = (
+    sum(map(len, (DLQ_ORIGIN_TOPIC, DLQ_ORIGIN_PARTITION, DLQ_ORIGIN_OFFSET, DLQ_ORIGIN_GROUP)))
+    + len(DLQ_REASON)
+    + 249
+    + len(str(2**31 - 1))
+    + len(str(2**63 - 1))
+    + DLQ_GROUP_MAX_BYTES
+    + REASON_MAX_BYTES
+)
+# librdkafka's own batch.size: the most a producer batches into one request per partition.
+_LIBRDKAFKA_BATCH_SIZE = 1_000_000
+# Seconds to wait for the cluster id, topic ids and topic configs.
+_METADATA_TIMEOUT = 30.0
 
 # Commit errors that mean "the group is rebalancing away from you": the partition is
 # (about to be) revoked, and its new owner redelivers from the last commit.
@@ -73,6 +105,8 @@ _REBALANCING = frozenset(
 )
 # Client errors after which this consumer cannot be trusted to make progress.
 _FAILING = frozenset({KafkaError._AUTHENTICATION, KafkaError._ALL_BROKERS_DOWN, KafkaError._SSL})
+# A record (or its batch) over a size limit, from produce() or the broker.
+_TOO_LARGE = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE})
 
 # How long a full stream waits for room before it pauses fetching and polls (and then
 # between polls): rebalance callbacks and max.poll.interval.ms stay served while the
@@ -97,6 +131,7 @@ class KafkaStreamStats:
     held: int = 0  # failed / unclaimed records that held their partition
     redeliveries: int = 0  # seeks back to a held offset
     dead_lettered: int = 0  # rejected records copied to the DLQ topic
+    dead_letter_refused: int = 0  # DLQ copies refused as too large (the group fails on them)
     dropped: int = 0  # rejected records committed past with no DLQ topic
     skipped_revoked: int = 0  # advanced records of partitions no longer owned
     skipped_commits: int = 0  # commits refused because the group was rebalancing
@@ -117,6 +152,21 @@ def _names(tps: Any) -> str:
     return ",".join(f"{t}[{p}]" for t, p in sorted(tps)) or "none"
 
 
+def _copy_size(key: bytes | None, value: bytes | None, headers: list[tuple[str, Any]]) -> int:
+    """Bytes of a record's key, value and headers (names and values)."""
+    size = len(key or b"") + len(value or b"")
+    for name, data in headers:
+        size += len(name.encode()) + len(data.encode() if isinstance(data, str) else data or b"")
+    return size
+
+
+def _is_zero(topic_id: Any) -> bool:
+    """A topic id of all zeros: what a broker without topic ids answers."""
+    return bool(
+        topic_id.get_most_significant_bits() == 0 and topic_id.get_least_significant_bits() == 0
+    )
+
+
 class KafkaStreamProducer(SharedStreamProducer):
     """Consumes a Kafka consumer group for one shared stream and commits what the engine advances.
 
@@ -126,6 +176,10 @@ class KafkaStreamProducer(SharedStreamProducer):
     partition is sought back to it so it comes again now; a rejected record is
     copied to ``dlq_topic`` (flushed before the commit that passes it) or, with no
     DLQ, committed past and counted in ``stats.dropped``.
+
+    A record's ``message_id`` names the cluster and the topic's life as well as the
+    partition and offset (see :func:`~acklane.connectors.kafka.id_prefix`): read
+    once on connect (the cluster id) and once per assignment (the topic ids).
     """
 
     def __init__(self, config: KafkaConfig) -> None:
@@ -137,6 +191,15 @@ class KafkaStreamProducer(SharedStreamProducer):
         # Consumer-thread state.
         self._consumer: Any = None
         self._dlq: Any = None
+        self._admin: Any = None
+        self._cluster_id = ""  # read on connect
+        # partition -> (generation, id prefix of its records): all the fetch loop reads
+        self._fetching: dict[TP, tuple[int, str]] = {}
+        # Under auto_offset_reset latest: assigned partitions whose starting position is
+        # not committed yet (the first record fetched from each commits it).
+        self._starts_at_end = config.starts_at_the_end()
+        self._unanchored: set[TP] = set()
+        self._dlq_limit: int | None = None  # the DLQ topic's max.message.bytes, if known
         self._generation = 0
         self._owned: dict[TP, int] = {}  # partition -> generation of its assignment
         self._assignment: frozenset[TP] = frozenset()  # snapshot of _owned, for the loop
@@ -298,13 +361,143 @@ class KafkaStreamProducer(SharedStreamProducer):
                 f"cannot create the Kafka consumer for {self.config.describe()}: {exc}"
             ) from exc
         self._consumer = consumer
+        admin = self.config.admin_settings()
+        admin["logger"] = _client_log
+        self._admin = AdminClient(admin)
+        self._cluster_id = self._read_cluster_id()
+        if self.config.dlq_topic is not None:
+            self._check_dlq_limits(self.config.dlq_topic)
         consumer.subscribe(
             list(self.config.topics),
             on_assign=self._on_assign,
             on_revoke=self._on_revoke,
             on_lost=self._on_lost,
         )
-        log.info("Kafka consumer subscribed %s", self.config.describe())
+        log.info(
+            "Kafka consumer subscribed %s cluster=%s", self.config.describe(), self._cluster_id
+        )
+
+    def _read_cluster_id(self) -> str:
+        """The cluster's id, part of every message id (a record's offset names it only
+        within one topic's life on one cluster).
+
+        Read with a metadata request for no topic (``describe_cluster``): the consumer's
+        ``cluster_id()`` can miss the metadata it waits for and sleep a second, and
+        ``list_topics()`` lists every topic of the cluster.
+        """
+        try:
+            future = self._admin.describe_cluster(request_timeout=_METADATA_TIMEOUT)
+            cluster: str | None = future.result(timeout=_METADATA_TIMEOUT + 5).cluster_id
+        except Exception as exc:
+            raise KafkaReceiveError(
+                f"cannot read the cluster id of {self.config.describe()}: {exc}"
+            ) from exc
+        if cluster:
+            return cluster
+        servers = ",".join(sorted(self.config.bootstrap_servers.split(",")))
+        log.warning(
+            "Kafka cluster of %s reports no cluster id (a broker before 0.10.1): message ids "
+            "name it by its bootstrap servers %s instead",
+            self.config.describe(),
+            servers,
+        )
+        return servers
+
+    def _topic_ids(self, topics: set[str]) -> dict[str, str]:
+        """The ids of ``topics`` that the broker gives (KIP-516, Kafka 2.8+), by name."""
+        admin = self._admin
+        if admin is None or not topics:
+            return {}
+        try:
+            futures = admin.describe_topics(
+                TopicCollection(sorted(topics)), request_timeout=_METADATA_TIMEOUT
+            )
+        except KafkaException as exc:
+            self._no_topic_id(topics, exc)
+            return {}
+        ids: dict[str, str] = {}
+        for topic, future in futures.items():
+            try:
+                topic_id = future.result(timeout=_METADATA_TIMEOUT + 5).topic_id
+            except Exception as exc:
+                self._no_topic_id([topic], exc)
+                continue
+            if topic_id is None or _is_zero(topic_id):
+                log.info(
+                    "Kafka broker gives no topic id for %s: its message ids name the cluster, "
+                    "topic, partition and offset only",
+                    topic,
+                )
+                continue
+            ids[topic] = str(topic_id)
+        return ids
+
+    def _no_topic_id(self, topics: Iterable[str], error: Exception) -> None:
+        log.warning(
+            "Kafka topic id of %s unknown group=%s (%s): its message ids name the cluster, "
+            "topic, partition and offset only until the next assignment, so records "
+            "redelivered across it may be stored twice",
+            ",".join(sorted(topics)),
+            self.config.group_id,
+            error,
+        )
+
+    def _max_message_bytes(self, topics: list[str]) -> dict[str, int | Exception | None]:
+        """Each topic's ``max.message.bytes``: an int, None when not reported, or the error."""
+        admin = self._admin
+        out: dict[str, int | Exception | None] = {}
+        resources = [ConfigResource(ResourceType.TOPIC, t) for t in topics]
+        try:
+            futures = admin.describe_configs(resources, request_timeout=_METADATA_TIMEOUT)
+        except KafkaException as exc:
+            return dict.fromkeys(topics, exc)
+        for resource, future in futures.items():
+            try:
+                entry = future.result(timeout=_METADATA_TIMEOUT + 5).get("max.message.bytes")
+                out[resource.name] = None if entry is None else int(entry.value)
+            except Exception as exc:
+                out[resource.name] = exc
+        return out
+
+    def _check_dlq_limits(self, dlq: str) -> None:
+        """Warn, at start, when a record a source topic holds cannot fit in the DLQ topic."""
+        sources = [t for t in self.config.topics if not t.startswith("^")]
+        limits = self._max_message_bytes([dlq, *sources])
+        dlq_limit = limits.get(dlq)
+        if isinstance(dlq_limit, Exception):
+            log.warning(
+                "Kafka DLQ topic %s: cannot read its max.message.bytes (%s); a rejected record "
+                "larger than it allows will stop its partition (nothing is committed past a "
+                "record that was not dead-lettered)",
+                dlq,
+                dlq_limit,
+            )
+            return
+        self._dlq_limit = dlq_limit
+        client_limit = int(self.config.dlq_settings()["message.max.bytes"])
+        for topic in sources:
+            limit = limits.get(topic)
+            if not isinstance(limit, int):
+                log.debug("Kafka topic %s: max.message.bytes unknown (%s)", topic, limit)
+                continue
+            for smaller, setting in (
+                (dlq_limit, f"max.message.bytes of the DLQ topic {dlq}"),
+                (client_limit, "message.max.bytes of the DLQ producer (dlq_client)"),
+            ):
+                if smaller is not None and smaller < limit:
+                    log.warning(
+                        "Kafka %s is %d bytes, smaller than topic %s's max.message.bytes %d: a "
+                        "rejected record between the two (less the up to %d bytes of headers "
+                        "acklane adds) cannot be dead-lettered, and its partition stops there "
+                        "(nothing is committed past it). Raise %s to at least %d",
+                        setting,
+                        smaller,
+                        topic,
+                        limit,
+                        DLQ_ADDED_MAX_BYTES,
+                        setting,
+                        limit + DLQ_ADDED_MAX_BYTES,
+                    )
 
     def _on_client_error(self, error: KafkaError) -> None:
         if (error.fatal() or error.code() in _FAILING) and self._failure is None:
@@ -312,12 +505,20 @@ class KafkaStreamProducer(SharedStreamProducer):
         log.warning("Kafka client error group=%s: %s", self.config.group_id, error.str())
 
     def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
+        # Once per assignment, not per record: a topic deleted and recreated under the
+        # same name comes back with a new id (and a rebalance).
+        topic_ids = self._topic_ids({p.topic for p in partitions})
+        cluster = self._cluster_id
         for p in partitions:
             self._generation += 1
             tp = _tp(p)
             self._owned[tp] = self._generation
+            prefix = id_prefix(cluster, tp[0], topic_ids.get(tp[0]), tp[1])
+            self._fetching[tp] = (self._generation, prefix)
             self._floor.pop(tp, None)
             self._committed.pop(tp, None)
+            if self._starts_at_end:
+                self._unanchored.add(tp)
         self._assignment = frozenset(self._owned)
         log.info(
             "Kafka partitions assigned group=%s partitions=%s",
@@ -329,6 +530,8 @@ class KafkaStreamProducer(SharedStreamProducer):
         gone = [_tp(p) for p in partitions]
         for tp in gone:
             self._owned.pop(tp, None)
+            self._fetching.pop(tp, None)
+            self._unanchored.discard(tp)
             self._floor.pop(tp, None)
             self._committed.pop(tp, None)
             self._deferred_seeks.pop(tp, None)
@@ -399,7 +602,7 @@ class KafkaStreamProducer(SharedStreamProducer):
         if self._paused:
             self._pause_new_partitions()  # assigned during this consume
         out: list[KafkaMessage] = []
-        owned = self._owned
+        fetching = self._fetching
         awaiting = self._awaiting_floor
         record = KafkaMessage
         for m in messages:
@@ -412,15 +615,42 @@ class KafkaStreamProducer(SharedStreamProducer):
                     f"{m.topic()}[{m.partition()}]: {error.str()}"
                 )
             tp = (m.topic(), m.partition())
-            generation = owned.get(tp)
-            if generation is None:
+            lane = fetching.get(tp)
+            if lane is None:
                 continue  # its partition was revoked within this consume
             offset = m.offset()
             if awaiting:
                 self._check_floor_came_back(tp, offset)
-            out.append(record(m, generation, tp, offset))
+            out.append(record(m, lane[0], tp, offset, lane[1]))
+        if self._unanchored and out:
+            self._anchor(out)
         self.stats.delivered += len(out)
         return epoch, out
+
+    def _anchor(self, fetched: list[KafkaMessage]) -> None:
+        """Under ``latest``: commit where each newly assigned partition starts, before its
+        first record is handed out.
+
+        With no committed offset, a group that restarts would resolve ``latest`` again,
+        at the end of the log, and skip every record it was holding. The first record
+        fetched after an assignment sits at the resolved position (or at the committed
+        offset, which committing again leaves as it is).
+        """
+        firsts: dict[TP, KafkaMessage] = {}
+        unanchored = self._unanchored
+        for record in fetched:
+            tp = record.lane
+            if tp in unanchored and tp not in firsts:
+                firsts[tp] = record
+        if not firsts:
+            return
+        self._commit([self._position(r, r.offset) for r in firsts.values()])
+        unanchored.difference_update(firsts)
+        log.info(
+            "Kafka starting positions committed group=%s positions=%s",
+            self.config.group_id,
+            ",".join(f"{t}[{p}]@{r.offset}" for (t, p), r in sorted(firsts.items())),
+        )
 
     def _check_floor_came_back(self, tp: TP, offset: int) -> None:
         """The first record after a seek back to a held offset: is the held one still there?
@@ -452,7 +682,7 @@ class KafkaStreamProducer(SharedStreamProducer):
             raise KafkaAdvanceError(f"{self.config.describe()}: the consumer is not connected")
         if self._all_clean_in_one_owned_lane(batch):
             last: KafkaDelivery = batch[-1].broker_payload
-            self._commit([self._position_after(last)])
+            self._commit([self._position(last, last.offset + 1)])
             return
         commits: dict[TP, TopicPartition] = {}
         dead: list[AdvanceItem] = []
@@ -488,7 +718,7 @@ class KafkaStreamProducer(SharedStreamProducer):
             if floor == offset:
                 del floors[tp]
             if offset + 1 > self._committed.get(tp, -1):
-                commits[tp] = self._position_after(delivery)
+                commits[tp] = self._position(delivery, offset + 1)
         if dead:
             if self.config.dlq_topic is not None:
                 self._dead_letter(dead, self.config.dlq_topic)
@@ -516,57 +746,62 @@ class KafkaStreamProducer(SharedStreamProducer):
         )
 
     @staticmethod
-    def _position_after(delivery: KafkaDelivery) -> TopicPartition:
+    def _position(delivery: KafkaDelivery, offset: int) -> TopicPartition:
+        """``offset`` of the record's partition, with the record's leader epoch (KIP-320)."""
         topic, partition = delivery.lane
         epoch = delivery.message.leader_epoch()
         if epoch is None:
-            return TopicPartition(topic, partition, delivery.offset + 1)
-        return TopicPartition(topic, partition, delivery.offset + 1, leader_epoch=epoch)
+            return TopicPartition(topic, partition, offset)
+        return TopicPartition(topic, partition, offset, leader_epoch=epoch)
 
     def _dead_letter(self, items: list[AdvanceItem], topic: str) -> None:
         producer = self._dlq
         if producer is None:
-            settings = self.config.dlq_settings()
-            settings["error_cb"] = self._on_client_error
-            settings["logger"] = _client_log
-            producer = self._dlq = Producer(settings)
-        errors: list[str] = []
+            producer = self._dlq = self._dlq_producer()
+        # (message id, copy size, error) of each copy the broker did not take
+        errors: list[tuple[str, int, KafkaError]] = []
 
-        def delivered(record_id: str, error: KafkaError | None, _msg: Any) -> None:
+        def delivered(record_id: str, size: int, error: KafkaError | None, _msg: Any) -> None:
             if error is not None:
-                errors.append(f"{error.str()} (the copy of {record_id})")
+                errors.append((record_id, size, error))
 
-        group = self.config.group_id
+        group = bounded_text(self.config.group_id, DLQ_GROUP_MAX_BYTES)
         for item in items:
-            message = item.broker_payload.message
-            reason = "; ".join(item.outcome.reject_reasons) or "rejected by a watcher"
+            delivery: KafkaDelivery = item.broker_payload
+            message = delivery.message
+            outcome = item.outcome
             headers: list[tuple[str, str | bytes | None]] = list(message.headers() or ())
             headers += [
                 (DLQ_ORIGIN_TOPIC, message.topic()),
                 (DLQ_ORIGIN_PARTITION, str(message.partition())),
                 (DLQ_ORIGIN_OFFSET, str(message.offset())),
                 (DLQ_ORIGIN_GROUP, group),
-                (DLQ_REASON, reason),
+                (DLQ_REASON, reject_reason(outcome.reject_reasons, outcome.rejected)),
             ]
+            key, value = message.key(), message.value()
+            size = _copy_size(key, value, headers)
             while True:
                 try:
                     producer.produce(
                         topic,
-                        value=message.value(),
-                        key=message.key(),
+                        value=value,
+                        key=key,
                         headers=headers,
-                        on_delivery=functools.partial(delivered, item.broker_payload.message_id),
+                        on_delivery=functools.partial(delivered, delivery.message_id, size),
                     )
                     break
                 except BufferError:
                     producer.poll(0.1)  # the local queue is full: let deliveries drain
                 except KafkaException as exc:
-                    size = len(message.value() or b"") + len(message.key() or b"")
+                    error = exc.args[0] if exc.args else None
+                    if isinstance(error, KafkaError) and error.code() in _TOO_LARGE:
+                        self.stats.dead_letter_refused += 1
+                        raise KafkaAdvanceError(
+                            self._refused(delivery.message_id, size, topic, by_broker=False)
+                        ) from exc
                     raise KafkaAdvanceError(
-                        f"cannot dead-letter {item.broker_payload.message_id} ({size} bytes of "
-                        f"key and value) to {topic!r}: {exc}; nothing was committed past it. A "
-                        f"copy larger than the DLQ producer allows needs a bigger "
-                        f"'message.max.bytes' in dlq_client"
+                        f"cannot dead-letter {delivery.message_id} ({size} bytes of key, value "
+                        f"and headers) to {topic!r}: {exc}; nothing was committed past it"
                     ) from exc
         remaining = producer.flush(self.config.dlq_flush_timeout)
         if remaining:
@@ -575,18 +810,49 @@ class KafkaStreamProducer(SharedStreamProducer):
                 f"{self.config.dlq_flush_timeout}s; nothing was committed past them"
             )
         if errors:
+            refused = [(mid, size) for mid, size, e in errors if e.code() in _TOO_LARGE]
+            self.stats.dead_letter_refused += len(refused)
+            if refused:
+                raise KafkaAdvanceError(self._refused(*refused[0], topic, by_broker=True))
+            mid, _, error = errors[0]
             raise KafkaAdvanceError(
-                f"dead-lettering to {topic!r} failed: {errors[0]}; nothing was committed past it"
+                f"dead-lettering to {topic!r} failed: {error.str()} (the copy of {mid}); "
+                "nothing was committed past it"
             )
         self.stats.dead_lettered += len(items)
         for item in items:
             log.info(
                 "Kafka record dead-lettered group=%s record=%s dlq=%s reasons=%s",
-                group,
+                self.config.group_id,
                 item.broker_payload.message_id,
                 topic,
                 list(item.outcome.reject_reasons),
             )
+
+    def _dlq_producer(self) -> Any:
+        settings = self.config.dlq_settings()
+        settings["error_cb"] = self._on_client_error
+        settings["logger"] = _client_log
+        limit = self._dlq_limit
+        if limit is not None and "batch.size" not in settings:
+            # Copies batched together must fit the DLQ topic's limit as one batch too.
+            settings["batch.size"] = min(limit, _LIBRDKAFKA_BATCH_SIZE)
+        return Producer(settings)
+
+    def _refused(self, message_id: str, size: int, topic: str, *, by_broker: bool) -> str:
+        """What to tell about a dead-letter copy refused as too large, and what to change."""
+        if by_broker:
+            limit = "" if self._dlq_limit is None else f" of {self._dlq_limit} bytes"
+            why = f"the broker refused it: over the max.message.bytes{limit} of topic {topic!r}"
+        else:
+            limit = self.config.dlq_settings()["message.max.bytes"]
+            why = f"the DLQ producer refuses messages over its message.max.bytes of {limit} bytes"
+        return (
+            f"cannot dead-letter {message_id}: its copy is {size} bytes (key, value and "
+            f"headers) and {why}. Nothing was committed past it: the group fails on it until "
+            f"the copy fits. Raise max.message.bytes on the DLQ topic {topic!r} and/or "
+            f"message.max.bytes in dlq_client"
+        )
 
     def _drop(self, items: list[AdvanceItem]) -> None:
         self.stats.dropped += len(items)
@@ -657,6 +923,7 @@ class KafkaStreamProducer(SharedStreamProducer):
             except Exception as exc:
                 problems.append(f"DLQ producer flush failed: {exc!r}")
             self._dlq = None
+        self._admin = None
         if self._consumer is not None:
             try:
                 self._consumer.close()
