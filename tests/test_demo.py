@@ -1,19 +1,49 @@
-"""The README's promise: ``acklane demo`` runs to completion and shows every outcome."""
+"""The README's promise: ``acklane demo`` runs to completion and shows every outcome.
+
+Core knows only the memory broker; the Kafka one comes from acklane-integration through
+the ``acklane.demos`` entry points. ``--broker auto`` falls back to memory only when
+no emulator can start (simulated by pointing ``ACKLANE_TANSU_BIN`` at a missing file).
+"""
 
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 import pytest
 from rich.console import Console
+from typer.testing import CliRunner
 
-from acklane.core.demo import run_demo
+from acklane.core import cli
+from acklane.core.demo import (
+    ENTRY_POINT_GROUP,
+    DemoBroker,
+    DemoBrokerUnavailable,
+    MemoryDemoBroker,
+    UnknownDemoBroker,
+    demo_broker_names,
+    load_demo_broker,
+    run_demo,
+)
+
+
+def _console() -> tuple[Console, io.StringIO]:
+    out = io.StringIO()
+    return Console(file=out, width=140, force_terminal=False), out
+
+
+@pytest.fixture
+def no_tansu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """No Kafka emulator can start: the local backend, and no tansu binary where it looks."""
+    missing = tmp_path / "no-such-tansu"
+    monkeypatch.setenv("ACKLANE_EMULATOR_BACKEND", "local")
+    monkeypatch.setenv("ACKLANE_TANSU_BIN", str(missing))
+    return missing
 
 
 @pytest.mark.parametrize("broker", ["memory", "kafka"])
 async def test_demo_finishes_and_shows_acked_dead_lettered_and_redelivered(broker: str) -> None:
-    out = io.StringIO()
-    console = Console(file=out, width=140, force_terminal=False)
+    console, out = _console()
     assert await run_demo(24, console, broker) == 0
     text = out.getvalue()
     assert "acked ✓" in text
@@ -23,3 +53,87 @@ async def test_demo_finishes_and_shows_acked_dead_lettered_and_redelivered(broke
     assert "'big-orders': 13, 'every-order': 22, 'audit': 23" in text  # duplicates dropped
     if broker == "kafka":
         assert "Kafka emulator" in text
+    else:
+        assert "in-process memory broker" in text
+
+
+def test_the_kafka_demo_broker_is_registered_by_acklane_integration() -> None:
+    assert cli.DEMO_BROKERS_GROUP == ENTRY_POINT_GROUP
+    names = demo_broker_names()
+    assert names[:2] == ["auto", "memory"]
+    assert "kafka" in names
+    assert load_demo_broker("memory") is MemoryDemoBroker
+    kafka = load_demo_broker("kafka")
+    assert issubclass(kafka, DemoBroker)
+    assert kafka.__module__.startswith("acklane.integration.")
+
+
+async def test_an_unknown_broker_is_an_error_naming_the_known_ones() -> None:
+    console, _ = _console()
+    with pytest.raises(UnknownDemoBroker, match=r"'nope'.*known: auto, memory, .*kafka"):
+        await run_demo(6, console, "nope")
+
+
+def test_the_cli_refuses_an_unknown_broker_and_lists_the_known_ones() -> None:
+    result = CliRunner().invoke(cli.app, ["demo", "--broker", "nope"])
+    assert result.exit_code == 2
+    assert "'nope'" in result.output
+    assert "known: auto, memory, kafka" in result.output
+
+
+async def test_auto_falls_back_to_memory_when_no_emulator_can_start(no_tansu: Path) -> None:
+    console, out = _console()
+    assert await run_demo(6, console, "auto") == 0
+    text = out.getvalue()
+    assert "cannot start a Kafka emulator (kafka)" in text
+    assert str(no_tansu) in text  # why: the emulator's own error
+    assert "on the in-process memory broker" in text
+    assert "acked ✓" in text
+
+
+async def test_an_explicit_kafka_broker_does_not_fall_back(no_tansu: Path) -> None:
+    console, out = _console()
+    with pytest.raises(DemoBrokerUnavailable, match="ACKLANE_TANSU_BIN"):
+        await run_demo(6, console, "kafka")
+    assert "memory broker" not in out.getvalue()
+
+
+@pytest.fixture
+def broken_kafka_demo(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """The emulator starts, then the demo's setup fails (not an emulator start error).
+
+    Returns the emulators started, to check they are stopped again.
+    """
+    from acklane.integration import demo_kafka
+
+    started: list[object] = []
+    real_emulator_for = demo_kafka.emulator_for
+
+    def emulator_for(broker: str, backend: str | None = None, **options: object) -> object:
+        emulator = real_emulator_for(broker, "local", **options)
+        started.append(emulator)
+        return emulator
+
+    def new_topic(*args: object, **kwargs: object) -> str:
+        raise RuntimeError("topic creation exploded\nsecond line")
+
+    monkeypatch.setattr(demo_kafka, "emulator_for", emulator_for)
+    monkeypatch.setattr(demo_kafka.KafkaKit, "new_topic", new_topic)
+    return started
+
+
+async def test_auto_surfaces_any_other_error(broken_kafka_demo: list[object]) -> None:
+    console, out = _console()
+    with pytest.raises(RuntimeError, match="topic creation exploded"):
+        await run_demo(6, console, "auto")
+    assert "memory broker" not in out.getvalue()
+    assert [getattr(e, "running", None) for e in broken_kafka_demo] == [False]  # stopped
+
+
+def test_the_cli_reports_another_error_in_one_line(broken_kafka_demo: list[object]) -> None:
+    result = CliRunner().invoke(cli.app, ["demo", "--broker", "auto", "--messages", "6"])
+    assert result.exit_code == 1
+    assert "failed: RuntimeError: topic creation exploded" in result.output
+    assert "second line" not in result.output
+    assert "Traceback" not in result.output
+    assert "memory broker" not in result.output

@@ -77,11 +77,13 @@ if _running_the_pipeline():
     _startup.install()
 
 import asyncio  # noqa: E402 - after the signal handlers, on purpose
+from importlib.metadata import entry_points  # noqa: E402
 
 import typer  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.logging import RichHandler  # noqa: E402
 from rich.table import Table  # noqa: E402
+from rich.text import Text  # noqa: E402
 
 # The configuration (and what it imports: pydantic, SQLAlchemy, connectors) is imported
 # when a command needs it, not with this module.
@@ -163,24 +165,59 @@ def run(config: ConfigArg, log_level: LogLevel = "INFO") -> None:
         startup.restore()
 
 
+#: Entry-point groups read here (``acklane.core.demo.ENTRY_POINT_GROUP`` is the first).
+DEMO_BROKERS_GROUP = "acklane.demos"  # name -> a DemoBroker subclass, for `acklane demo`
+COMMANDS_GROUP = "acklane.commands"  # name -> a typer.Typer, added as `acklane NAME ...`
+
+
+def _demo_broker_names() -> list[str]:
+    """``--broker`` values: auto, memory and the registered demo brokers (not imported)."""
+    registered = {ep.name for ep in entry_points(group=DEMO_BROKERS_GROUP)} - {"auto", "memory"}
+    return ["auto", "memory", *sorted(registered)]
+
+
 @app.command()
 def demo(
     messages: Annotated[int, typer.Option(min=6, max=500, help="How many messages.")] = 24,
     broker: Annotated[
         str,
         typer.Option(
-            help="auto: a Kafka emulator it starts itself, else the in-process broker; "
-            "kafka; or memory."
+            help="auto: the first registered demo broker that can start (a Kafka emulator "
+            "with acklane-integration), else the in-process broker; memory: the in-process "
+            f"broker; or a registered one (entry points {DEMO_BROKERS_GROUP}). "
+            f"Known: {', '.join(_demo_broker_names())}.",
         ),
     ] = "auto",
+    log_level: Annotated[
+        str, typer.Option("--log-level", help="WARNING; DEBUG shows the broker's logs too.")
+    ] = "WARNING",
 ) -> None:
     """Run a demo pipeline on embedded defaults and show what becomes of each message."""
-    from .demo import run_demo
-
-    if broker not in ("auto", "kafka", "memory"):
-        err_console.print(f"[red]--broker {broker!r}: expected auto, kafka or memory[/]")
+    _setup_logging(log_level)
+    known = _demo_broker_names()
+    if broker not in known:
+        err_console.print(
+            Text(f"--broker {broker!r}: no such demo broker (known: {', '.join(known)})"),
+            style="red",
+        )
         raise typer.Exit(2)
-    raise typer.Exit(asyncio.run(run_demo(messages, console, broker)))
+    from .demo import UnknownDemoBroker, run_demo
+
+    try:
+        code = asyncio.run(run_demo(messages, console, broker))
+    except UnknownDemoBroker as exc:
+        err_console.print(Text(str(exc)), style="red")
+        raise typer.Exit(2) from None
+    except Exception as exc:
+        log.debug("acklane demo --broker %s failed", broker, exc_info=True)
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        err_console.print(
+            Text(f"acklane demo --broker {broker} failed: {type(exc).__name__}: {first}"),
+            Text("(--log-level DEBUG shows the traceback)", style="dim"),
+            style="red",
+        )
+        raise typer.Exit(1) from None
+    raise typer.Exit(code)
 
 
 def _add_subcommands() -> None:
@@ -189,11 +226,17 @@ def _add_subcommands() -> None:
 
     app.add_typer(events_app, name="events", help="See the trigger events that fired.")
     app.add_typer(store_app, name="store", help="Read and write the task and asset stores.")
-    try:
-        from acklane.integration.cli import app as emulator_app
-    except ImportError:  # acklane-integration is not installed
-        return
-    app.add_typer(emulator_app, name="emulator", help="Start a broker emulator for development.")
+    # Other distributions add theirs (acklane-integration: `acklane emulator`).
+    for ep in entry_points(group=COMMANDS_GROUP):
+        try:
+            sub = ep.load()
+        except Exception as exc:  # a broken plugin must not break `acklane run`
+            log.warning("acklane %s (%s) is unavailable: %s", ep.name, ep.value, exc)
+            continue
+        if isinstance(sub, typer.Typer):
+            app.add_typer(sub, name=ep.name)
+        else:
+            log.warning("entry point %s of %s is not a typer.Typer", ep.name, COMMANDS_GROUP)
 
 
 _add_subcommands()

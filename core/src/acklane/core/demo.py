@@ -1,8 +1,7 @@
 """``acklane demo``: a pipeline on embedded defaults, showing what becomes of each message.
 
-No service and no file needed: an in-process broker (the ``memory`` connector, or a
-Kafka emulator when one can be started), the SQLite event store in a temporary
-directory, and three watchers sharing one poll:
+No service and no file needed: a broker the demo starts itself, the SQLite event
+store in a temporary directory, and three watchers sharing one poll:
 
 - ``big-orders`` fires for orders over 100;
 - ``every-order`` fires for every order and rejects poison (a body that is not
@@ -13,6 +12,13 @@ directory, and three watchers sharing one poll:
   duplicate trigger events of the redelivery.
 
 The live table shows each message's fate and the committed offsets per partition.
+
+The broker is a :class:`DemoBroker`. Core knows only ``memory`` (the in-process
+broker); other packages register theirs under the entry-point group
+``acklane.demos`` (name -> a :class:`DemoBroker` subclass): ``acklane-integration``
+registers ``kafka``, a Kafka emulator. ``auto`` tries the registered ones (by name)
+and falls back to ``memory`` only when they raise :class:`DemoBrokerUnavailable`
+(nothing to run them here, e.g. no emulator binary); any other error surfaces.
 """
 
 from __future__ import annotations
@@ -21,12 +27,15 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import tempfile
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
+from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from rich.console import Console, Group
 from rich.live import Live
@@ -39,7 +48,28 @@ from .producer import AdvanceItem
 from .runner import Runner, RunObserver
 from .trigger import TriggerEvent
 
-__all__ = ["DEMO_YAML", "run_demo", "slow_audit"]
+__all__ = [
+    "AUTO",
+    "DEMO_YAML",
+    "ENTRY_POINT_GROUP",
+    "DemoBroker",
+    "DemoBrokerUnavailable",
+    "MemoryDemoBroker",
+    "UnknownDemoBroker",
+    "demo_broker_names",
+    "load_demo_broker",
+    "open_demo_broker",
+    "run_demo",
+    "slow_audit",
+]
+
+log = logging.getLogger("acklane.core.demo")
+
+#: Entry-point group of demo brokers: name -> a :class:`DemoBroker` subclass.
+ENTRY_POINT_GROUP = "acklane.demos"
+#: The ``--broker`` value that picks a registered broker when one can start, else memory.
+AUTO = "auto"
+MEMORY = "memory"
 
 DEMO_YAML = """\
 engine:
@@ -71,7 +101,7 @@ watchers:
 """
 
 _STALLED: set[str] = set()
-_DEBUG = bool(__import__("os").environ.get("ACKLANE_DEMO_DEBUG"))
+_DEBUG = bool(os.environ.get("ACKLANE_DEMO_DEBUG"))
 
 
 async def slow_audit(message: RawMessage) -> dict[str, Any] | None:
@@ -127,8 +157,9 @@ _SHORT = {"big-orders": "big", "every-order": "every", "audit": "audit"}
 
 
 class _DemoObserver(RunObserver):
-    def __init__(self, rows: dict[str, _Row]) -> None:
+    def __init__(self, rows: dict[str, _Row], broker: DemoBroker) -> None:
         self.rows = rows
+        self.broker = broker
         self.restarts: list[str] = []
         self.advances = 0
 
@@ -140,11 +171,7 @@ class _DemoObserver(RunObserver):
     def advanced(self, key: Hashable, batch: Sequence[AdvanceItem]) -> None:
         self.advances += 1
         for item in batch:
-            payload = item.broker_payload
-            mid = (
-                payload.message_id if hasattr(payload, "message_id") else payload.record.message_id
-            )
-            row = self.rows.get(_row_key(mid))
+            row = self.rows.get(_row_key(self.broker.message_id_of(item.broker_payload) or ""))
             if row is None:
                 continue
             o = item.outcome
@@ -162,7 +189,7 @@ class _DemoObserver(RunObserver):
 
 
 def _render(
-    rows: dict[str, _Row], observer: _DemoObserver, runner: Runner, broker: _DemoBroker
+    rows: dict[str, _Row], observer: _DemoObserver, runner: Runner, broker: DemoBroker
 ) -> Group:
     table = Table(title=f"acklane demo on {broker.label}: each message's fate", expand=False)
     table.add_column("partition/offset")
@@ -200,39 +227,84 @@ def _render(
     return Group(table, *lines)
 
 
-class _DemoBroker:
-    """What the demo needs of a broker: publish, committed offsets, the DLQ."""
+class DemoBrokerUnavailable(RuntimeError):
+    """The demo broker cannot run here at all (e.g. its emulator's binary is missing).
 
-    label = ""
-    partitions = 3
+    Raise it (from the original error) only for that: ``--broker auto`` then falls
+    back to the in-process broker, saying why; every other error stops the demo.
+    """
+
+
+class UnknownDemoBroker(LookupError):
+    """No demo broker of that name: neither ``memory`` nor a registered one."""
+
+
+class DemoBroker(ABC):
+    """A broker for ``acklane demo``: publish, committed offsets, the dead-letter topic.
+
+    Subclasses start their broker in ``__init__`` (it may block; raise
+    :class:`DemoBrokerUnavailable` when it cannot start at all, after releasing what
+    was started) and release it in :meth:`close`. The demo's stream is named
+    ``orders`` in the configuration, has :attr:`partitions` partitions and a
+    dead-letter topic. Register a subclass under the entry-point group
+    ``acklane.demos`` to offer it as ``acklane demo --broker NAME``.
+    """
+
+    #: What the broker is, for "starting ..." and "could not start ..." lines.
+    description: ClassVar[str] = "a broker"
+    partitions: ClassVar[int] = 3
 
     def __init__(self) -> None:
+        #: What the demo runs on, shown in its title (may name the endpoint).
+        self.label: str = self.description
+        #: End offset (one past the last published message) per partition.
         self.ends: dict[int, int] = {}
+        #: The consumer group's committed offset per partition, per :meth:`refresh_committed`.
         self.last_committed: dict[int, int] = {}
 
+    @abstractmethod
     def stream_block(self) -> str:
-        raise NotImplementedError
+        """The stream's YAML flow mapping (``{connector: ..., ...}``) for the demo's config."""
 
+    @abstractmethod
     def publish(self, bodies: list[bytes]) -> list[tuple[str, int, int]]:
-        """Publish in order; ``(message_id, partition, offset)`` of each."""
-        raise NotImplementedError
+        """Publish in order and update :attr:`ends`; ``(message_id, partition, offset)`` of each."""
 
+    @abstractmethod
     async def refresh_committed(self) -> None:
-        raise NotImplementedError
+        """Read the consumer group's committed offsets into :attr:`last_committed`."""
 
+    @abstractmethod
     async def dead_letters(self, count: int) -> list[tuple[str, str]]:
-        """``(origin, reason)`` of the dead-lettered copies."""
-        raise NotImplementedError
+        """``(origin, reason)`` of the (up to ``count``) dead-lettered copies."""
 
-    def close(self) -> None:
-        pass
+    def message_id_of(self, broker_payload: Any) -> str | None:
+        """The message id of a producer's broker payload (``partition/offset`` at its end).
+
+        Default: the payload's ``message_id`` attribute (a Kafka record has one).
+        """
+        message_id = getattr(broker_payload, "message_id", None)
+        return message_id if isinstance(message_id, str) else None
+
+    def close(self) -> None:  # noqa: B027 - optional: nothing to release by default
+        """Release the broker and everything it started; called once, after the run."""
 
     def finished(self) -> bool:
+        """True once every published message is committed."""
         return all(self.last_committed.get(p, 0) >= end for p, end in self.ends.items())
 
+    @staticmethod
+    def dead_letter_origin(headers: dict[str, str]) -> tuple[str, str]:
+        """``(partition/offset, reason)`` of a dead-lettered copy, from its headers."""
+        partition = headers.get("acklane.origin.partition", "?")
+        origin = f"{partition}/{headers.get('acklane.origin.offset', '?')}"
+        return origin, headers.get("acklane.reject.reason", "?")
 
-class _MemoryDemoBroker(_DemoBroker):
-    label = "the in-process memory broker"
+
+class MemoryDemoBroker(DemoBroker):
+    """The in-process ``memory`` connector's broker: always available."""
+
+    description = "the in-process memory broker"
 
     def __init__(self) -> None:
         super().__init__()
@@ -245,7 +317,8 @@ class _MemoryDemoBroker(_DemoBroker):
     def stream_block(self) -> str:
         return (
             "{connector: memory, broker: acklane-demo, topics: [orders], group_id: demo, "
-            "partitions: 3, dlq_topic: orders.dlq, batch_size: 8, poll_interval: 0.05}"
+            f"partitions: {self.partitions}, dlq_topic: orders.dlq, batch_size: 8, "
+            "poll_interval: 0.05}"
         )
 
     def publish(self, bodies: list[bytes]) -> list[tuple[str, int, int]]:
@@ -261,7 +334,14 @@ class _MemoryDemoBroker(_DemoBroker):
         self.last_committed = {p: off for (_, p), off in stats.committed.items()}
 
     async def dead_letters(self, count: int) -> list[tuple[str, str]]:
-        return [_origin(dict(r.headers)) for r in self.broker.records("orders.dlq")]
+        return [self.dead_letter_origin(dict(r.headers)) for r in self.broker.records("orders.dlq")]
+
+    def message_id_of(self, broker_payload: Any) -> str | None:
+        from .connectors.memory import MemoryPayload
+
+        if isinstance(broker_payload, MemoryPayload):
+            return broker_payload.record.message_id
+        return super().message_id_of(broker_payload)
 
     def close(self) -> None:
         from .connectors.memory import MemoryBroker
@@ -269,98 +349,73 @@ class _MemoryDemoBroker(_DemoBroker):
         MemoryBroker.remove("acklane-demo")
 
 
-class _KafkaDemoBroker(_DemoBroker):
-    """A Kafka-protocol emulator started for the demo (tansu, or Kafka under Docker)."""
+def _registered() -> dict[str, Any]:
+    """Registered demo brokers' entry points by name (``auto`` and ``memory`` are core's)."""
+    return {
+        ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name not in (AUTO, MEMORY)
+    }
 
-    def __init__(self) -> None:
-        super().__init__()
-        from acklane.integration.emulator import emulator_for
-        from acklane.integration.kafka import KafkaKit
 
-        self.emulator = emulator_for("kafka")
-        self.emulator.start()
-        self.label = f"a Kafka emulator ({self.emulator.backend}, {self.emulator.endpoint})"
-        self.kit = KafkaKit.of(self.emulator)
-        self.topic = self.kit.new_topic("orders", partitions=self.partitions)
-        self.dlq = self.kit.new_topic("orders-dlq", partitions=1)
-        self.group = KafkaKit.unique("demo")
+def demo_broker_names() -> list[str]:
+    """Every ``--broker`` value: ``auto``, ``memory`` and the registered names."""
+    return [AUTO, MEMORY, *sorted(_registered())]
 
-    def stream_block(self) -> str:
-        from acklane.integration.kafka import KafkaKit
 
-        client = ", ".join(f'"{k}": {v}' for k, v in KafkaKit.FAST_GROUP.items())
-        return (
-            f"{{connector: kafka, bootstrap_servers: '{self.kit.bootstrap_servers}', "
-            f"topics: [{self.topic}], group_id: {self.group}, dlq_topic: {self.dlq}, "
-            f"poll_timeout: 0.1, batch_size: 8, client: {{{client}}}}}"
+def load_demo_broker(name: str) -> type[DemoBroker]:
+    """The demo broker class called ``name`` (``memory``, or a registered one)."""
+    if name == MEMORY:
+        return MemoryDemoBroker
+    ep = _registered().get(name)
+    if ep is None:
+        raise UnknownDemoBroker(
+            f"no demo broker named {name!r} (known: {', '.join(demo_broker_names())})"
         )
+    obj = ep.load()
+    if not (isinstance(obj, type) and issubclass(obj, DemoBroker)):
+        raise TypeError(
+            f"entry point {name!r} of {ENTRY_POINT_GROUP} ({ep.value}) is not a DemoBroker"
+        )
+    return obj
 
-    def publish(self, bodies: list[bytes]) -> list[tuple[str, int, int]]:
-        from confluent_kafka import Producer
 
-        producer = Producer({"bootstrap.servers": self.kit.bootstrap_servers})
-        out: list[tuple[str, int, int]] = []
+def _start(cls: type[DemoBroker], console: Console) -> DemoBroker:
+    with console.status(f"starting {cls.description}..."):
+        return cls()
 
-        def delivered(error: Any, msg: Any) -> None:
-            if error is None:
-                out.append(
-                    (
-                        f"{msg.topic()}/{msg.partition()}/{msg.offset()}",
-                        msg.partition(),
-                        msg.offset(),
-                    )
+
+def open_demo_broker(name: str, console: Console) -> DemoBroker:
+    """Start the demo broker ``name``; ``auto``: the first registered one that can start.
+
+    ``auto`` falls back to memory only on :class:`DemoBrokerUnavailable`, and says why
+    on ``console``; any other error (and any error of a broker named explicitly)
+    propagates.
+    """
+    if name != AUTO:
+        return _start(load_demo_broker(name), console)
+    registered = sorted(_registered())
+    for other in registered:
+        cls = load_demo_broker(other)
+        try:
+            return _start(cls, console)
+        except DemoBrokerUnavailable as exc:
+            log.debug("demo broker %r cannot start", other, exc_info=True)
+            console.print(
+                Text(
+                    f"cannot start {cls.description} ({other}): {_first_line(exc)}", style="yellow"
                 )
+            )
+    if registered:
+        console.print(Text(f"using {MemoryDemoBroker.description} instead", style="yellow"))
+    return MemoryDemoBroker()
 
-        for i, body in enumerate(bodies):
-            producer.produce(self.topic, value=body, key=f"customer-{i % 5}", on_delivery=delivered)
-            producer.flush(10)  # one at a time: offsets in publish order
-        for _, p, off in out:
-            self.ends[p] = max(self.ends.get(p, 0), off + 1)
-        return out
 
-    async def refresh_committed(self) -> None:
-        got = await asyncio.to_thread(self.kit.committed, self.group, self.topic, self.partitions)
-        self.last_committed = {p: off for p, off in got.items() if off is not None}
-
-    async def dead_letters(self, count: int) -> list[tuple[str, str]]:
-        records = await asyncio.to_thread(self.kit.read, self.dlq, count, timeout=5.0)
-        out = []
-        for r in records:
-            headers = {
-                k: (v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v))
-                for k, v in (r.headers() or [])
-            }
-            out.append(_origin(headers))
-        return out
-
-    def close(self) -> None:
-        self.kit.close()
-        self.emulator.stop()
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _position(label: str) -> tuple[int, ...]:
     return tuple(int(x) for x in label.split("/"))
-
-
-def _origin(headers: dict[str, str]) -> tuple[str, str]:
-    partition = headers.get("acklane.origin.partition", "?")
-    origin = f"{partition}/{headers.get('acklane.origin.offset', '?')}"
-    return origin, headers.get("acklane.reject.reason", "?")
-
-
-def _open_broker(kind: str, console: Console) -> _DemoBroker:
-    if kind in ("auto", "kafka"):
-        try:
-            with console.status("starting a Kafka emulator..."):
-                return _KafkaDemoBroker()
-        except Exception as exc:  # no integration package, no binary, no port...
-            if kind == "kafka":
-                raise
-            console.print(
-                f"[yellow]could not start a Kafka emulator ({type(exc).__name__}: {exc}); "
-                f"using the in-process memory broker instead[/]"
-            )
-    return _MemoryDemoBroker()
 
 
 async def run_demo(messages: int = 24, console: Console | None = None, broker: str = "auto") -> int:
@@ -369,9 +424,12 @@ async def run_demo(messages: int = 24, console: Console | None = None, broker: s
     _STALLED.clear()
     logger = logging.getLogger("acklane")
     level = logger.level
-    logger.setLevel(logging.ERROR if not _DEBUG else logging.DEBUG)  # the table tells the story
+    if _DEBUG:
+        logger.setLevel(logging.DEBUG)
+    elif logger.getEffectiveLevel() > logging.DEBUG:
+        logger.setLevel(logging.ERROR)  # the table tells the story (unless asked for DEBUG)
     try:
-        demo_broker = _open_broker(broker, console)
+        demo_broker = open_demo_broker(broker, console)
         try:
             return await _run(demo_broker, messages, console)
         finally:
@@ -380,7 +438,7 @@ async def run_demo(messages: int = 24, console: Console | None = None, broker: s
         logger.setLevel(level)
 
 
-async def _run(broker: _DemoBroker, messages: int, console: Console) -> int:
+async def _run(broker: DemoBroker, messages: int, console: Console) -> int:
     with tempfile.TemporaryDirectory(prefix="acklane-demo-") as tmp:
         db = Path(tmp) / "events.db"
         config = parse_config(
@@ -392,10 +450,11 @@ async def _run(broker: _DemoBroker, messages: int, console: Console) -> int:
             text = body.decode("utf-8", "replace").replace(", ", ",").replace(": ", ":")
             rows[f"{p}/{off}"] = _Row(mid, f"{p}/{off}", text)
         rows = dict(sorted(rows.items(), key=lambda kv: _position(kv[1].label)))
-        observer = _DemoObserver(rows)
+        observer = _DemoObserver(rows, broker)
         runner = Runner(config, observer=observer)
         console.print(
-            f"[bold]acklane demo[/]: {messages} messages on {broker.label}, 3 partitions, "
+            f"[bold]acklane demo[/]: {messages} messages on {broker.label}, "
+            f"{broker.partitions} partitions, "
             f"3 watchers sharing one poll, events in SQLite at {db}"
         )
         started = time.monotonic()
