@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from acklane.core.config import AcklaneConfig, ConfigError, load_config, parse_config
-from acklane.core.connectors.memory import (
+from acklane.connectors.memory import (
     MemoryBroker,
     MemoryConfig,
     MemoryConnector,
     MemoryProducer,
 )
+from acklane.core.config import AcklaneConfig, ConfigError, load_config, parse_config
 from acklane.core.message import RawMessage
 from acklane.core.stores.settings import StateStoreSettings
 from acklane.core.trigger import TriggerEvent

@@ -91,9 +91,9 @@ def test_a_held_record_that_comes_back_keeps_its_floor_until_resolved() -> None:
     producer._advance([AdvanceItem(delivery(0), FAILED)])
     consumer.queued = [Record(0), Record(1)]
     producer._fetch(10, False)
-    assert producer._floor == {("t", 0): 0}  # it came back: still held until resolved
+    assert producer._ledger.floors == {("t", 0): 0}  # it came back: still held until resolved
     producer._advance([AdvanceItem(delivery(0), CLEAN), AdvanceItem(delivery(1), CLEAN)])
-    assert consumer.commits[-1] == [(0, 2)] and producer._floor == {}
+    assert consumer.commits[-1] == [(0, 2)] and producer._ledger.floors == {}
 
 
 class LogConsumer(StandInConsumer):

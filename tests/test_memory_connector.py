@@ -16,12 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from acklane.core.connectors import load_connector
-from acklane.core.connectors.memory import (
-    DLQ_ORIGIN_OFFSET,
-    DLQ_ORIGIN_PARTITION,
-    DLQ_ORIGIN_TOPIC,
-    DLQ_REASON,
+from acklane.connectors.memory import (
     MemoryBroker,
     MemoryConfig,
     MemoryConnector,
@@ -29,6 +24,8 @@ from acklane.core.connectors.memory import (
     MemoryPayload,
     MemoryProducer,
 )
+from acklane.core.connectors import load_connector
+from acklane.core.deadletter import ORIGIN_OFFSET, ORIGIN_PARTITION, ORIGIN_TOPIC, REJECT_REASON
 from acklane.core.message import RawMessage
 from acklane.core.producer import AdvanceItem, AdvanceOutcome
 
@@ -252,10 +249,10 @@ async def test_a_rejected_item_is_dead_lettered_with_origin_and_reason_headers(
     assert copy.key == "k"
     assert dict(copy.headers) == {
         "source": "web",
-        DLQ_ORIGIN_TOPIC: "t",
-        DLQ_ORIGIN_PARTITION: "0",
-        DLQ_ORIGIN_OFFSET: "0",
-        DLQ_REASON: "watcher a: not JSON; watcher b: invalid",
+        ORIGIN_TOPIC: "t",
+        ORIGIN_PARTITION: "0",
+        ORIGIN_OFFSET: "0",
+        REJECT_REASON: "watcher a: not JSON; watcher b: invalid",
     }
     assert broker.committed("acklane", "t", 0) == 1
     assert producer.stats.dead_lettered == 1
@@ -286,7 +283,7 @@ async def test_a_rejected_item_behind_a_held_one_waits_for_its_redelivery(
         again = await take(stream, 2)
         assert offsets(again) == [0, 1]
         await producer.advance(items(again, CLEAN, rejected("bad")))
-    assert [r.headers[DLQ_ORIGIN_OFFSET] for r in broker.records("t.dlq")] == ["1"]
+    assert [r.headers[ORIGIN_OFFSET] for r in broker.records("t.dlq")] == ["1"]
     assert broker.committed("acklane", "t", 0) == 2
 
 
@@ -440,7 +437,7 @@ async def _simulate(data: st.DataObject) -> None:
         def check() -> None:
             committed = broker.committed("acklane", "t", 0)
             assert set(range(committed)) <= accepted, (committed, accepted)
-            dead = [int(r.headers[DLQ_ORIGIN_OFFSET]) for r in broker.records("t.dlq")]
+            dead = [int(r.headers[ORIGIN_OFFSET]) for r in broker.records("t.dlq")]
             assert len(dead) == len(set(dead))
             assert all(offset < committed for offset in dead)
 

@@ -11,8 +11,8 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, generate_latest
 from test_runner import _all_committed, _run_until
 
+from acklane.connectors.memory import MemoryBroker
 from acklane.core.config import parse_config
-from acklane.core.connectors.memory import MemoryBroker
 from acklane.core.metrics import EngineCollector
 from acklane.core.runner import Runner
 

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 import runner_filters
 
+from acklane.connectors.memory import MemoryBroker
 from acklane.core.config import parse_config
-from acklane.core.connectors.memory import MemoryBroker
 from acklane.core.events import EventStore
 from acklane.core.runner import Runner
 

@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 
+from acklane.connectors.memory import MemoryBroker
 from acklane.core import RawMessage, TriggerEvent
 from acklane.core.config import parse_config
-from acklane.core.connectors.memory import MemoryBroker
 from acklane.core.events import EventRecord, EventStore
 from acklane.core.runner import Runner
 from acklane.core.watcher import WatcherTrigger

@@ -267,7 +267,7 @@ async def test_configured_watchers_built_in_python_are_checked_too(
 ) -> None:
     # The YAML loader refuses two stream blocks of one upstream with different settings;
     # WatcherTrigger implements the hook, so one built by hand is refused as well.
-    from acklane.core.connectors.memory import MemoryBroker
+    from acklane.connectors.memory import MemoryBroker
     from acklane.core.watcher import WatcherTrigger
 
     broker = f"b-{uuid.uuid4().hex[:8]}"

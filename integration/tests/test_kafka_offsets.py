@@ -87,5 +87,5 @@ async def test_under_earliest_fetching_commits_nothing(
 
     await driver.take(2)
 
-    assert driver.producer.stats.commits == 0
+    assert driver.producer.stats.committed == 0
     assert kafka_kit.committed(config.group_id, topic) == {0: None}

@@ -128,7 +128,7 @@ async def test_rejected_record_goes_to_the_dlq_with_origin_and_reason_headers_an
     assert ("acklane.reject.reason", b"not JSON; too old") in headers
     assert driver.producer.stats.dead_lettered == 1
     counters = driver.producer.counters()  # what the metrics export
-    assert (counters["dead_lettered"], counters["commits"], counters["dropped"]) == (1, 1, 0)
+    assert (counters["dead_lettered"], counters["committed"], counters["dropped"]) == (1, 1, 0)
 
 
 async def test_rejected_record_without_a_dlq_is_committed_past_and_counted_as_dropped(
@@ -247,7 +247,7 @@ async def test_fetching_pauses_at_max_outstanding_and_resumes_after_an_advance(
     with pytest.raises(TimeoutError):
         await driver.take(1, timeout=0.3)  # the pull stays pending
     async with asyncio.timeout(10):
-        while driver.producer.stats.pauses == 0:
+        while driver.producer.stats.paused == 0:
             await asyncio.sleep(0.02)
 
     await driver.producer.advance(items(got, CLEAN, CLEAN))
@@ -264,7 +264,7 @@ async def test_record_held_while_fetching_is_paused_is_redelivered_after_resumin
     got = await driver.take(2)
     driver.pull_in_background()  # the stream is full: it pauses the consumer
     async with asyncio.timeout(10):
-        while driver.producer.stats.pauses == 0:
+        while driver.producer.stats.paused == 0:
             await asyncio.sleep(0.02)
 
     await driver.producer.advance(items(got[:1], FAILED))

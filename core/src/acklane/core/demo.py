@@ -43,6 +43,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .config import parse_config
+from .deadletter import ORIGIN_OFFSET, ORIGIN_PARTITION, REJECT_REASON
 from .message import RawMessage
 from .producer import AdvanceItem
 from .runner import Runner, RunObserver
@@ -296,9 +297,9 @@ class DemoBroker(ABC):
     @staticmethod
     def dead_letter_origin(headers: dict[str, str]) -> tuple[str, str]:
         """``(partition/offset, reason)`` of a dead-lettered copy, from its headers."""
-        partition = headers.get("acklane.origin.partition", "?")
-        origin = f"{partition}/{headers.get('acklane.origin.offset', '?')}"
-        return origin, headers.get("acklane.reject.reason", "?")
+        partition = headers.get(ORIGIN_PARTITION, "?")
+        origin = f"{partition}/{headers.get(ORIGIN_OFFSET, '?')}"
+        return origin, headers.get(REJECT_REASON, "?")
 
 
 class MemoryDemoBroker(DemoBroker):
@@ -308,7 +309,7 @@ class MemoryDemoBroker(DemoBroker):
 
     def __init__(self) -> None:
         super().__init__()
-        from .connectors.memory import MemoryBroker
+        from acklane.connectors.memory import MemoryBroker
 
         MemoryBroker.remove("acklane-demo")
         self.broker = MemoryBroker.get("acklane-demo")
@@ -337,14 +338,14 @@ class MemoryDemoBroker(DemoBroker):
         return [self.dead_letter_origin(dict(r.headers)) for r in self.broker.records("orders.dlq")]
 
     def message_id_of(self, broker_payload: Any) -> str | None:
-        from .connectors.memory import MemoryPayload
+        from acklane.connectors.memory import MemoryPayload
 
         if isinstance(broker_payload, MemoryPayload):
             return broker_payload.record.message_id
         return super().message_id_of(broker_payload)
 
     def close(self) -> None:
-        from .connectors.memory import MemoryBroker
+        from acklane.connectors.memory import MemoryBroker
 
         MemoryBroker.remove("acklane-demo")
 

@@ -79,7 +79,7 @@ class EngineCollector(Collector):
         actions = CounterMetricFamily(
             "acklane_connector_actions",
             "What each group's connector did on the broker (commits, dead-lettered, dropped, "
-            "redeliveries, ...)",
+            "redelivered, ...)",
             labels=["key", "action"],
         )
         for key, counters in manager.producer_counters().items():

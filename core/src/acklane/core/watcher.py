@@ -14,10 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
-from .connectors import Connector, load_connector
+from .connectors import Connector, ConnectorTrigger, load_connector
 from .filters import CompiledFilter, compile_filter
-from .producer import SharedStreamProducer
-from .trigger import BaseEventTrigger, TriggerEvent
+from .trigger import TriggerEvent
 
 if TYPE_CHECKING:
     from .config import AcklaneConfig
@@ -25,8 +24,21 @@ if TYPE_CHECKING:
 __all__ = ["WatcherTrigger", "build_watchers"]
 
 
-class WatcherTrigger(BaseEventTrigger):
-    """A configured watcher: its stream's connector decides the key, its filter the events."""
+class WatcherTrigger(ConnectorTrigger[BaseModel]):
+    """A configured watcher: its stream's connector decides the key, its filter the events.
+
+    Its connector is the one registered under ``connector``, and its configuration
+    is the stream block ``connector_config``, validated (as every connector trigger)
+    when the watcher is constructed. The block is the whole configuration: a key that
+    is not one of its fields is an error, as in the YAML.
+    """
+
+    name: str
+    stream: str
+    connector: str
+    connector_config: dict[str, Any]
+    filter_spec: dict[str, Any] | None
+    asset: str | None
 
     def __init__(
         self,
@@ -38,15 +50,14 @@ class WatcherTrigger(BaseEventTrigger):
         filter_spec: Mapping[str, Any] | None = None,
         asset: str | None = None,
     ) -> None:
-        super().__init__()
-        self.name = name
-        self.stream = stream
-        self.connector = connector
-        self.connector_config = dict(connector_config)
-        self.filter_spec = None if filter_spec is None else dict(filter_spec)
-        self.asset = asset
-        self._connector_class: type[Connector] | None = None
-        self._validated: BaseModel | None = None
+        super().__init__(
+            name=name,
+            stream=stream,
+            connector=connector,
+            connector_config=dict(connector_config),
+            filter_spec=None if filter_spec is None else dict(filter_spec),
+            asset=asset,
+        )
         self._filter: CompiledFilter | None = None
 
     @property
@@ -60,36 +71,27 @@ class WatcherTrigger(BaseEventTrigger):
             f"connector={self.connector!r})"
         )
 
-    # -- configuration, validated once and cached
+    # -- ConnectorTrigger: the connector by name, the configuration in its own kwarg
 
-    def _connector_and_config(self) -> tuple[type[Connector], BaseModel]:
-        if self._connector_class is None or self._validated is None:
-            cls = load_connector(self.connector)
-            self._validated = cls.config_model.model_validate(self.connector_config)
-            self._connector_class = cls
-        return self._connector_class, self._validated
+    @classmethod
+    def connector_for(cls, kwargs: Mapping[str, Any]) -> type[Connector]:
+        return load_connector(kwargs["connector"])
+
+    @classmethod
+    def config_for(cls, connector: type[Connector], kwargs: Mapping[str, Any]) -> BaseModel:
+        return connector.config_model.model_validate(kwargs["connector_config"])
+
+    def shared_stream_key(self) -> Hashable:
+        connector, config = self._bound()
+        return ("acklane", self.connector, *connector.stream_key(config))
+
+    # -- the filter
 
     @property
     def compiled_filter(self) -> CompiledFilter:
         if self._filter is None:
             self._filter = compile_filter(self.filter_spec, label=f"watcher {self.name}")
         return self._filter
-
-    # -- BaseEventTrigger
-
-    def shared_stream_key(self) -> Hashable:
-        cls, config = self._connector_and_config()
-        return ("acklane", self.connector, *cls.stream_key(config))
-
-    def shared_stream_settings(self) -> BaseModel:
-        """The stream's validated block (the YAML loader already refuses a mismatch)."""
-        return self._connector_and_config()[1]
-
-    @classmethod
-    def create_shared_stream_producer(cls, kwargs: dict[str, Any]) -> SharedStreamProducer:
-        connector = load_connector(kwargs["connector"])
-        config = connector.config_model.model_validate(kwargs["connector_config"])
-        return connector.create_producer(config)
 
     async def filter_shared_stream(self, stream: AsyncIterator[Any]) -> AsyncIterator[TriggerEvent]:
         async for event in self.compiled_filter.run(stream, self):
@@ -109,8 +111,6 @@ def build_watchers(config: AcklaneConfig) -> list[WatcherTrigger]:
             filter_spec=watcher.filter,
             asset=watcher.asset,
         )
-        trigger._connector_class = stream.connector
-        trigger._validated = stream.config
         trigger._filter = watcher.compiled_filter
         triggers.append(trigger)
     return triggers

@@ -1,71 +1,35 @@
-"""The connector plugin interface and its registry (entry-point group ``acklane.connectors``)."""
+"""The connector contract: everything a broker's connector needs from core, and nothing else.
 
-from __future__ import annotations
+- :class:`Connector` (``Connector[YourConfig]``): the broker's binding to the
+  engine, registered under the entry-point group ``acklane.connectors``;
+- :class:`ConnectorTrigger`: the trigger class of watchers written in Python;
+- :func:`verdict` and :class:`Verdict`: what to do with one resolved message;
+- :class:`Action`: the names a producer's ``counters()`` may use;
+- :class:`CommitLedger`: holds, floors and commit plans of a cumulative-commit broker;
+- the dead-letter vocabulary lives in :mod:`acklane.core.deadletter`.
 
-from abc import ABC, abstractmethod
-from collections.abc import Hashable
-from importlib.metadata import entry_points
-from typing import Any, ClassVar
+See ``docs/connectors/README.md``.
+"""
 
-from pydantic import BaseModel
-
-from ..producer import SharedStreamProducer
+from ._actions import Action
+from ._connector import ConfigT, Connector
+from ._ledger import CommitLedger, CommitPlan, LedgerEntry
+from ._registry import ENTRY_POINT_GROUP, UnknownConnector, available_connectors, load_connector
+from ._trigger import ConnectorTrigger
+from ._verdict import Verdict, verdict
 
 __all__ = [
     "ENTRY_POINT_GROUP",
+    "Action",
+    "CommitLedger",
+    "CommitPlan",
+    "ConfigT",
     "Connector",
+    "ConnectorTrigger",
+    "LedgerEntry",
     "UnknownConnector",
+    "Verdict",
     "available_connectors",
     "load_connector",
+    "verdict",
 ]
-
-ENTRY_POINT_GROUP = "acklane.connectors"
-
-
-class UnknownConnector(LookupError):
-    """No installed distribution registers a connector of that name."""
-
-
-class Connector(ABC):
-    """One broker's binding to the engine, found by name through entry points.
-
-    ``config_model`` validates the stream's YAML block (every field except
-    ``connector``); its validators refuse unsafe settings before anything connects.
-    """
-
-    name: ClassVar[str]
-    config_model: ClassVar[type[BaseModel]]
-
-    @classmethod
-    @abstractmethod
-    def stream_key(cls, config: Any) -> tuple[Hashable, ...]:
-        """The shared stream key: only the fields that pick the upstream."""
-
-    @classmethod
-    @abstractmethod
-    def create_producer(cls, config: Any) -> SharedStreamProducer:
-        """A new producer for one group's poll; it must connect lazily."""
-
-    @classmethod
-    def describe(cls, config: Any) -> str:
-        """A one-line, secret-free description for logs and the CLI."""
-        return f"{cls.name} {cls.stream_key(config)!r}"
-
-
-def available_connectors() -> dict[str, str]:
-    """Installed connector names and the object each entry point names."""
-    return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
-
-
-def load_connector(name: str) -> type[Connector]:
-    """The connector class registered under ``name``."""
-    for ep in entry_points(group=ENTRY_POINT_GROUP, name=name):
-        obj = ep.load()
-        if not (isinstance(obj, type) and issubclass(obj, Connector)):
-            raise TypeError(f"entry point {name!r} ({ep.value}) is not an acklane Connector")
-        return obj
-    known = ", ".join(sorted(available_connectors())) or "none"
-    raise UnknownConnector(
-        f"no connector named {name!r} is installed (installed: {known}); "
-        f'install its extra, e.g. pip install "acklane[{name}]"'
-    )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Hashable
-from typing import Any, ClassVar
 
 from acklane.core.connectors import Connector
 
@@ -13,24 +12,20 @@ from ._producer import KafkaStreamProducer
 __all__ = ["KafkaConnector"]
 
 
-def _config(config: Any) -> KafkaConfig:
-    return config if isinstance(config, KafkaConfig) else KafkaConfig.model_validate(config)
-
-
-class KafkaConnector(Connector):
+class KafkaConnector(Connector[KafkaConfig]):
     """``connector: kafka`` in a stream's YAML block."""
 
-    name: ClassVar[str] = "kafka"
-    config_model: ClassVar[type[KafkaConfig]] = KafkaConfig
+    name = "kafka"
+    config_model = KafkaConfig
 
     @classmethod
-    def stream_key(cls, config: Any) -> tuple[Hashable, ...]:
-        return _config(config).stream_key()
+    def key(cls, config: KafkaConfig) -> tuple[Hashable, ...]:
+        return config.stream_key()
 
     @classmethod
-    def create_producer(cls, config: Any) -> KafkaStreamProducer:
-        return KafkaStreamProducer(_config(config))
+    def producer(cls, config: KafkaConfig) -> KafkaStreamProducer:
+        return KafkaStreamProducer(config)
 
     @classmethod
-    def describe(cls, config: Any) -> str:
-        return _config(config).describe()
+    def description(cls, config: KafkaConfig) -> str:
+        return config.describe()

@@ -39,7 +39,18 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
     ResourceType,
 )
 
-from acklane.core.deadletter import REASON_MAX_BYTES, bounded_text, reject_reason
+from acklane.core.connectors import Action, CommitLedger, LedgerEntry, verdict
+from acklane.core.deadletter import (
+    ORIGIN_GROUP,
+    ORIGIN_OFFSET,
+    ORIGIN_PARTITION,
+    ORIGIN_TOPIC,
+    REASON_MAX_BYTES,
+    REJECT_REASON,
+    bounded_text,
+    log_origin,
+    outcome_reason,
+)
 from acklane.core.producer import AdvanceItem, SharedStreamProducer
 
 from ._config import KafkaConfig
@@ -48,11 +59,6 @@ from ._message import KafkaDelivery, KafkaMessage, id_prefix
 __all__ = [
     "DLQ_ADDED_MAX_BYTES",
     "DLQ_GROUP_MAX_BYTES",
-    "DLQ_ORIGIN_GROUP",
-    "DLQ_ORIGIN_OFFSET",
-    "DLQ_ORIGIN_PARTITION",
-    "DLQ_ORIGIN_TOPIC",
-    "DLQ_REASON",
     "KafkaAdvanceError",
     "KafkaReceiveError",
     "KafkaStreamProducer",
@@ -67,19 +73,12 @@ TP = tuple[str, int]
 # (seek epoch at fetch time, the records fetched)
 Fetched = tuple[int, list[KafkaMessage]]
 
-# Headers added to a dead-letter copy (the same names as the memory connector's).
-DLQ_ORIGIN_TOPIC = "acklane.origin.topic"
-DLQ_ORIGIN_PARTITION = "acklane.origin.partition"
-DLQ_ORIGIN_OFFSET = "acklane.origin.offset"
-DLQ_ORIGIN_GROUP = "acklane.origin.group"
-DLQ_REASON = "acklane.reject.reason"  # the reject reasons, joined with "; "
 #: The most bytes of the group name an ``acklane.origin.group`` header carries.
 DLQ_GROUP_MAX_BYTES = 255
 #: The most bytes acklane adds to a dead-letter copy (header names and values; the
 #: topic name is at most 249 bytes, the reason at most ``REASON_MAX_BYTES``).
 DLQ_ADDED_MAX_BYTES = (
-    sum(map(len, (DLQ_ORIGIN_TOPIC, DLQ_ORIGIN_PARTITION, DLQ_ORIGIN_OFFSET, DLQ_ORIGIN_GROUP)))
-    + len(DLQ_REASON)
+    sum(map(len, (ORIGIN_TOPIC, ORIGIN_PARTITION, ORIGIN_OFFSET, ORIGIN_GROUP, REJECT_REASON)))
     + 249
     + len(str(2**31 - 1))
     + len(str(2**63 - 1))
@@ -124,18 +123,19 @@ class KafkaAdvanceError(RuntimeError):
 
 @dataclass(slots=True)
 class KafkaStreamStats:
-    """Counters of one producer, for tests, logs and metrics."""
+    """Counters of one producer, for tests, logs and metrics; each field is named by
+    its :class:`~acklane.core.connectors.Action` (what ``counters()`` reports)."""
 
     delivered: int = 0  # records handed to the engine
-    commits: int = 0  # successful commit calls
+    committed: int = 0  # successful commit calls
     held: int = 0  # failed / unclaimed records that held their partition
-    redeliveries: int = 0  # seeks back to a held offset
+    redelivered: int = 0  # seeks back to a held offset
     dead_lettered: int = 0  # rejected records copied to the DLQ topic
     dead_letter_refused: int = 0  # DLQ copies refused as too large (the group fails on them)
     dropped: int = 0  # rejected records committed past with no DLQ topic
     skipped_revoked: int = 0  # advanced records of partitions no longer owned
-    skipped_commits: int = 0  # commits refused because the group was rebalancing
-    pauses: int = 0  # times fetching paused at max_outstanding
+    commit_skipped: int = 0  # commits refused because the group was rebalancing
+    paused: int = 0  # times fetching paused at max_outstanding
 
 
 def _tp(p: Any) -> TP:
@@ -201,12 +201,10 @@ class KafkaStreamProducer(SharedStreamProducer):
         self._unanchored: set[TP] = set()
         self._dlq_limit: int | None = None  # the DLQ topic's max.message.bytes, if known
         self._generation = 0
-        self._owned: dict[TP, int] = {}  # partition -> generation of its assignment
+        # Generations, floors (lowest held offsets), commits and seeks back, per partition.
+        self._ledger: CommitLedger[TP, AdvanceItem] = CommitLedger()
+        self._owned = self._ledger.owned  # partition -> generation of its assignment
         self._assignment: frozenset[TP] = frozenset()  # snapshot of _owned, for the loop
-        self._floor: dict[TP, int] = {}  # partition -> lowest held offset
-        # partition -> held offset just sought back to, until its first record comes
-        self._awaiting_floor: dict[TP, int] = {}
-        self._committed: dict[TP, int] = {}  # partition -> last offset this consumer committed
         self._paused = False
         self._paused_parts: set[TP] = set()
         self._deferred_seeks: dict[TP, int] = {}
@@ -299,7 +297,7 @@ class KafkaStreamProducer(SharedStreamProducer):
                 self._room.set()
 
     def counters(self) -> Mapping[str, float]:
-        return asdict(self.stats)
+        return {Action(name): count for name, count in asdict(self.stats).items()}
 
     def get_advance_lane(self, broker_payload: Any) -> Hashable:
         return broker_payload.lane  # type: ignore[no-any-return]
@@ -512,11 +510,9 @@ class KafkaStreamProducer(SharedStreamProducer):
         for p in partitions:
             self._generation += 1
             tp = _tp(p)
-            self._owned[tp] = self._generation
+            self._ledger.assign(tp, self._generation)
             prefix = id_prefix(cluster, tp[0], topic_ids.get(tp[0]), tp[1])
             self._fetching[tp] = (self._generation, prefix)
-            self._floor.pop(tp, None)
-            self._committed.pop(tp, None)
             if self._starts_at_end:
                 self._unanchored.add(tp)
         self._assignment = frozenset(self._owned)
@@ -529,14 +525,11 @@ class KafkaStreamProducer(SharedStreamProducer):
     def _forget(self, partitions: list[Any]) -> list[TP]:
         gone = [_tp(p) for p in partitions]
         for tp in gone:
-            self._owned.pop(tp, None)
+            self._ledger.revoke(tp)
             self._fetching.pop(tp, None)
             self._unanchored.discard(tp)
-            self._floor.pop(tp, None)
-            self._committed.pop(tp, None)
             self._deferred_seeks.pop(tp, None)
             self._sought.pop(tp, None)
-            self._awaiting_floor.pop(tp, None)
             self._paused_parts.discard(tp)
         self._assignment = frozenset(self._owned)
         return gone
@@ -563,7 +556,7 @@ class KafkaStreamProducer(SharedStreamProducer):
         consumer = self._consumer
         if pause:
             self._paused = True
-            self.stats.pauses += 1
+            self.stats.paused += 1
             log.debug(
                 "Kafka fetching paused group=%s outstanding=%d",
                 self.config.group_id,
@@ -603,7 +596,7 @@ class KafkaStreamProducer(SharedStreamProducer):
             self._pause_new_partitions()  # assigned during this consume
         out: list[KafkaMessage] = []
         fetching = self._fetching
-        awaiting = self._awaiting_floor
+        awaiting = self._ledger.awaiting
         record = KafkaMessage
         for m in messages:
             error = m.error()
@@ -653,23 +646,17 @@ class KafkaStreamProducer(SharedStreamProducer):
         )
 
     def _check_floor_came_back(self, tp: TP, offset: int) -> None:
-        """The first record after a seek back to a held offset: is the held one still there?
-
-        Retention, compaction or DeleteRecords can remove it; the consumer then resumes
-        past it, and a floor kept at the missing offset would stop every later commit.
-        """
-        held = self._awaiting_floor.pop(tp, None)
-        if held is None or offset <= held or self._floor.get(tp) != held:
-            return
-        log.warning(
-            "Kafka record %s[%d]@%d, held for redelivery, is gone from the log (retention "
-            "or compaction); partition resumes at offset %d",
-            tp[0],
-            tp[1],
-            held,
-            offset,
-        )
-        del self._floor[tp]
+        """The first record after a seek back to a held offset: is the held one still there?"""
+        held = self._ledger.came_back(tp, offset)
+        if held is not None:
+            log.warning(
+                "Kafka record %s[%d]@%d, held for redelivery, is gone from the log (retention "
+                "or compaction); partition resumes at offset %d",
+                tp[0],
+                tp[1],
+                held,
+                offset,
+            )
 
     def _pause_new_partitions(self) -> None:
         new = [tp for tp in self._owned if tp not in self._paused_parts]
@@ -684,64 +671,47 @@ class KafkaStreamProducer(SharedStreamProducer):
             last: KafkaDelivery = batch[-1].broker_payload
             self._commit([self._position(last, last.offset + 1)])
             return
-        commits: dict[TP, TopicPartition] = {}
-        dead: list[AdvanceItem] = []
-        holds: dict[TP, int] = {}
-        owned = self._owned
-        floors = self._floor
-        for item in batch:
-            delivery: KafkaDelivery = item.broker_payload
-            tp = delivery.lane
-            if owned.get(tp) != delivery.generation:
-                self.stats.skipped_revoked += 1
-                continue
-            offset = delivery.offset
-            floor = floors.get(tp)
-            if floor is not None and offset > floor:
-                continue  # behind a held record: it comes again after the seek
-            outcome = item.outcome
-            if outcome.failed > 0 or (outcome.acked == 0 and outcome.rejected == 0):
-                floors[tp] = offset
-                holds[tp] = offset
-                self.stats.held += 1
-                log.info(
-                    "Kafka record held group=%s record=%s acked=%d failed=%d: not committed, "
-                    "redelivering from it",
-                    self.config.group_id,
-                    delivery.message_id,
-                    outcome.acked,
-                    outcome.failed,
-                )
-                continue
-            if outcome.rejected > 0:
-                dead.append(item)
-            if floor == offset:
-                del floors[tp]
-            if offset + 1 > self._committed.get(tp, -1):
-                commits[tp] = self._position(delivery, offset + 1)
-        if dead:
+        plan = self._ledger.plan(
+            LedgerEntry(d.lane, d.offset, d.generation, verdict(item.outcome), item)
+            for item in batch
+            for d in (item.broker_payload,)
+        )
+        self.stats.skipped_revoked += plan.skipped_revoked
+        for item in plan.held:
+            self.stats.held += 1
+            log.info(
+                "Kafka record held group=%s record=%s acked=%d failed=%d: not committed, "
+                "redelivering from it",
+                self.config.group_id,
+                item.broker_payload.message_id,
+                item.outcome.acked,
+                item.outcome.failed,
+            )
+        if plan.dead_letter:
             if self.config.dlq_topic is not None:
-                self._dead_letter(dead, self.config.dlq_topic)
+                self._dead_letter(plan.dead_letter, self.config.dlq_topic)
             else:
-                self._drop(dead)
-        if commits:
-            self._commit(list(commits.values()))
-        for tp, offset in holds.items():
+                self._drop(plan.dead_letter)
+        if plan.commits:
+            self._commit(
+                [self._position(item.broker_payload, to) for to, item in plan.commits.values()]
+            )
+        for tp, offset in plan.seeks.items():
             if tp in self._paused_parts:
                 self._deferred_seeks[tp] = offset
             else:
                 self._seek(tp, offset)
 
     def _all_clean_in_one_owned_lane(self, batch: Sequence[AdvanceItem]) -> bool:
-        """The common case: one partition, owned since, not held, every record clean."""
+        """The common case: one partition, owned since, not held, every record clean
+        (its :func:`~acklane.core.connectors.verdict` is COMMIT: ``is_clean``)."""
         first: KafkaDelivery = batch[0].broker_payload
         last: KafkaDelivery = batch[-1].broker_payload
         lane = first.lane
         return (
             lane == last.lane
-            and lane not in self._floor
-            and self._owned.get(lane) == first.generation == last.generation
-            and last.offset + 1 > self._committed.get(lane, -1)
+            and first.generation == last.generation
+            and self._ledger.is_clear(lane, first.generation, last.offset)
             and all(item.outcome.is_clean for item in batch)
         )
 
@@ -754,7 +724,7 @@ class KafkaStreamProducer(SharedStreamProducer):
             return TopicPartition(topic, partition, offset)
         return TopicPartition(topic, partition, offset, leader_epoch=epoch)
 
-    def _dead_letter(self, items: list[AdvanceItem], topic: str) -> None:
+    def _dead_letter(self, items: Sequence[AdvanceItem], topic: str) -> None:
         producer = self._dlq
         if producer is None:
             producer = self._dlq = self._dlq_producer()
@@ -771,13 +741,8 @@ class KafkaStreamProducer(SharedStreamProducer):
             message = delivery.message
             outcome = item.outcome
             headers: list[tuple[str, str | bytes | None]] = list(message.headers() or ())
-            headers += [
-                (DLQ_ORIGIN_TOPIC, message.topic()),
-                (DLQ_ORIGIN_PARTITION, str(message.partition())),
-                (DLQ_ORIGIN_OFFSET, str(message.offset())),
-                (DLQ_ORIGIN_GROUP, group),
-                (DLQ_REASON, reject_reason(outcome.reject_reasons, outcome.rejected)),
-            ]
+            headers += log_origin(message.topic(), message.partition(), message.offset())
+            headers += [(ORIGIN_GROUP, group), (REJECT_REASON, outcome_reason(outcome))]
             key, value = message.key(), message.value()
             size = _copy_size(key, value, headers)
             while True:
@@ -854,7 +819,7 @@ class KafkaStreamProducer(SharedStreamProducer):
             f"message.max.bytes in dlq_client"
         )
 
-    def _drop(self, items: list[AdvanceItem]) -> None:
+    def _drop(self, items: Sequence[AdvanceItem]) -> None:
         self.stats.dropped += len(items)
         for item in items:
             log.warning(
@@ -886,11 +851,11 @@ class KafkaStreamProducer(SharedStreamProducer):
                     f"commit of {tp.topic}[{tp.partition}] at {tp.offset} for "
                     f"{self.config.describe()} failed: {tp.error.str()}"
                 )
-            self._committed[_tp(tp)] = tp.offset
-        self.stats.commits += 1
+            self._ledger.committed_to(_tp(tp), tp.offset)
+        self.stats.committed += 1
 
     def _skip_commit(self, offsets: list[TopicPartition], why: str) -> None:
-        self.stats.skipped_commits += 1
+        self.stats.commit_skipped += 1
         log.warning(
             "Kafka commit skipped group=%s partitions=%s: %s (the group is rebalancing; the "
             "partition's next owner redelivers from its last commit)",
@@ -910,8 +875,8 @@ class KafkaStreamProducer(SharedStreamProducer):
             ) from exc
         self._seek_epoch += 1
         self._sought[tp] = (self._seek_epoch, offset)
-        self._awaiting_floor[tp] = offset
-        self.stats.redeliveries += 1
+        self._ledger.sought(tp, offset)
+        self.stats.redelivered += 1
 
     def _close_clients(self) -> None:
         problems: list[str] = []

@@ -5,7 +5,7 @@ watchers written in Python. See ``docs/connectors/sqs.md``.
 """
 
 from ._config import MAX_VISIBILITY_TIMEOUT, HeartbeatSettings, RedeliveryBackoff, SqsConfig
-from ._connector import SqsConnector, sqs_config
+from ._connector import SqsConnector
 from ._message import SqsDelivery, SqsMessage
 from ._producer import (
     DEAD_LETTER_ATTRIBUTES,
@@ -30,5 +30,4 @@ __all__ = [
     "SqsMessage",
     "SqsMessageTrigger",
     "SqsStreamProducer",
-    "sqs_config",
 ]

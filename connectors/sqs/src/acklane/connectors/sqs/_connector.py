@@ -2,43 +2,30 @@
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping
-from typing import Any, ClassVar
+from collections.abc import Hashable
 
 from acklane.core.connectors import Connector
 
 from ._config import SqsConfig
 from ._producer import SqsStreamProducer
 
-__all__ = ["SqsConnector", "sqs_config"]
+__all__ = ["SqsConnector"]
 
 
-def sqs_config(config: Any) -> SqsConfig:
-    """An :class:`SqsConfig` from itself, or from a mapping holding its fields (others ignored)."""
-    if isinstance(config, SqsConfig):
-        return config
-    if isinstance(config, Mapping):
-        fields = SqsConfig.model_fields
-        return SqsConfig.model_validate({k: v for k, v in config.items() if k in fields})
-    raise TypeError(
-        f"expected an SqsConfig or a mapping of its fields, got {type(config).__name__}"
-    )
-
-
-class SqsConnector(Connector):
+class SqsConnector(Connector[SqsConfig]):
     """``connector: sqs`` in a stream's YAML block."""
 
-    name: ClassVar[str] = "sqs"
-    config_model: ClassVar[type[SqsConfig]] = SqsConfig
+    name = "sqs"
+    config_model = SqsConfig
 
     @classmethod
-    def stream_key(cls, config: Any) -> tuple[Hashable, ...]:
-        return sqs_config(config).stream_key()
+    def key(cls, config: SqsConfig) -> tuple[Hashable, ...]:
+        return config.stream_key()
 
     @classmethod
-    def create_producer(cls, config: Any) -> SqsStreamProducer:
-        return SqsStreamProducer(sqs_config(config))
+    def producer(cls, config: SqsConfig) -> SqsStreamProducer:
+        return SqsStreamProducer(config)
 
     @classmethod
-    def describe(cls, config: Any) -> str:
-        return sqs_config(config).describe()
+    def description(cls, config: SqsConfig) -> str:
+        return config.describe()

@@ -20,7 +20,15 @@ import aioboto3
 from aiobotocore.config import AioConfig
 from botocore.exceptions import ClientError
 
-from acklane.core.deadletter import TRUNCATED_MARK, bounded_text, reject_reason
+from acklane.core.connectors import Action, Verdict, verdict
+from acklane.core.deadletter import (
+    ORIGIN_MESSAGE_ID,
+    ORIGIN_QUEUE,
+    REJECT_REASON,
+    TRUNCATED_MARK,
+    bounded_text,
+    outcome_reason,
+)
 from acklane.core.producer import AdvanceItem, AdvanceOutcome, SharedStreamProducer
 
 from ._config import MAX_VISIBILITY_TIMEOUT, SqsConfig
@@ -37,11 +45,7 @@ __all__ = [
 log = logging.getLogger("acklane.connectors.sqs")
 
 #: Attributes added to a dead-lettered copy: where it came from and why.
-DEAD_LETTER_ATTRIBUTES = (
-    "acklane.origin.queue",
-    "acklane.origin.message_id",
-    "acklane.reject.reason",
-)
+DEAD_LETTER_ATTRIBUTES = (ORIGIN_QUEUE, ORIGIN_MESSAGE_ID, REJECT_REASON)
 #: When the original attributes and ours exceed SQS's 10, the originals are packed here.
 PACKED_ATTRIBUTES = "acklane.original_attributes"
 
@@ -312,15 +316,15 @@ class SqsStreamProducer(SharedStreamProducer):
 
     def counters(self) -> Mapping[str, float]:
         return {
-            "deleted": self.deleted,
-            "released": self.released,
-            "dead_lettered": self.dead_lettered,
-            "dead_letter_refused": self.dead_letter_refused,
-            "dropped": self.dropped,
-            "visibility_extended": self.extended,
-            "parked": self.parked,
-            "taken_over": self.taken_over,
-            "api_calls": self.total_api_calls,
+            Action.DELETED: self.deleted,
+            Action.REDELIVERED: self.released,
+            Action.DEAD_LETTERED: self.dead_lettered,
+            Action.DEAD_LETTER_REFUSED: self.dead_letter_refused,
+            Action.DROPPED: self.dropped,
+            Action.EXTENDED: self.extended,
+            Action.PARKED: self.parked,
+            Action.TAKEN_OVER: self.taken_over,
+            Action.API_CALLS: self.total_api_calls,
         }
 
     async def _start(self) -> None:
@@ -647,13 +651,14 @@ class SqsStreamProducer(SharedStreamProducer):
             outcome = item.outcome
             held_back = delivery.receipt_handle in self._holding_back
             self._holding_back.discard(delivery.receipt_handle)
-            if outcome.failed > 0 or (outcome.rejected == 0 and not outcome.is_clean):
+            judged = verdict(outcome)
+            if judged is Verdict.REDELIVER:
                 self._release(
                     delivery, self.config.redelivery_backoff.delay(delivery.receive_count)
                 )
             elif held_back:
                 self._release(delivery, 0)
-            elif outcome.rejected > 0:
+            elif judged is Verdict.DEAD_LETTER:
                 rejects.append((delivery, outcome))
             elif rejects:
                 after_reject.append(delivery)
@@ -699,7 +704,7 @@ class SqsStreamProducer(SharedStreamProducer):
                     "dead-letter queue",
                     delivery.message_id,
                     self.queue_url,
-                    _reason(outcome),
+                    outcome_reason(outcome),
                 )
                 self.dropped += 1
                 self._outstanding.pop(delivery.receipt_handle, None)
@@ -734,7 +739,7 @@ class SqsStreamProducer(SharedStreamProducer):
                         "SQS message %s from %s rejected (%s): sent to dead-letter queue %s",
                         delivery.message_id,
                         self.queue_url,
-                        _reason(outcome),
+                        outcome_reason(outcome),
                         dlq,
                     )
                     self.dead_lettered += 1
@@ -813,9 +818,9 @@ class SqsStreamProducer(SharedStreamProducer):
         }
         # Bounded: the origin is a URL and an id; the reason at most REASON_MAX_BYTES.
         ours = {
-            "acklane.origin.queue": _string(self.queue_url or ""),
-            "acklane.origin.message_id": _string(delivery.message_id),
-            "acklane.reject.reason": _string(_reason(outcome)),
+            ORIGIN_QUEUE: _string(self.queue_url or ""),
+            ORIGIN_MESSAGE_ID: _string(delivery.message_id),
+            REJECT_REASON: _string(outcome_reason(outcome)),
         }
         if len(original) + len(ours) > _MAX_ATTRIBUTES:
             packed = json.dumps(_packable(original), sort_keys=True, separators=(",", ":"))
@@ -1196,19 +1201,14 @@ def _reveal(secret: Any) -> str | None:
     return None if secret is None else str(secret.get_secret_value())
 
 
-def _reason(outcome: AdvanceOutcome) -> str:
-    """The reason a dead-letter copy carries: bounded, the same wording in every connector."""
-    return reject_reason(outcome.reject_reasons, outcome.rejected)
-
-
 def _fit_reason(entry: dict[str, Any], limit: int) -> dict[str, Any] | None:
     """``entry`` with its reason cut so that it fits ``limit`` bytes, or None if it can't."""
     attributes = entry["MessageAttributes"]
-    reason = str(attributes["acklane.reject.reason"]["StringValue"])
+    reason = str(attributes[REJECT_REASON]["StringValue"])
     room = len(reason.encode("utf-8")) - (_entry_bytes(entry) - limit)
     if room < len(TRUNCATED_MARK.encode("utf-8")):
         return None
-    cut = {**attributes, "acklane.reject.reason": _string(bounded_text(reason, room))}
+    cut = {**attributes, REJECT_REASON: _string(bounded_text(reason, room))}
     fitted = {**entry, "MessageAttributes": cut}
     return fitted if _entry_bytes(fitted) <= limit else None
 

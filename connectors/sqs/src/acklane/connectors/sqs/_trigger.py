@@ -2,43 +2,32 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Hashable
+from collections.abc import AsyncIterator
 from typing import Any
 
+from acklane.core.connectors import ConnectorTrigger
 from acklane.core.message import BodyDecodeError
-from acklane.core.trigger import BaseEventTrigger, TriggerEvent
+from acklane.core.trigger import TriggerEvent
 
 from ._config import SqsConfig
-from ._connector import sqs_config
+from ._connector import SqsConnector
 from ._message import SqsMessage
-from ._producer import SqsStreamProducer
 
 __all__ = ["SqsMessageTrigger"]
 
 
-class SqsMessageTrigger(BaseEventTrigger):
+class SqsMessageTrigger(ConnectorTrigger[SqsConfig]):
     """A watcher of one SQS queue; subclass it to write a filter in Python.
 
     Construct it with the :class:`SqsConfig` fields (``queue_url=...``,
-    ``endpoint_url=...``) plus any of your own. Watchers with the same queue,
-    region and endpoint share one poll. Override :meth:`accepts` and
-    :meth:`event_payload`, or :meth:`filter_shared_stream` itself; call
-    ``reject_shared_stream_event(reason)`` to dead-letter the current message.
+    ``endpoint_url=...``) plus any of your own; the configuration is validated at
+    once. Watchers with the same queue, region and endpoint share one poll.
+    Override :meth:`accepts` and :meth:`event_payload`, or
+    :meth:`filter_shared_stream` itself; call ``reject_shared_stream_event(reason)``
+    to dead-letter the current message.
     """
 
-    def sqs_config(self) -> SqsConfig:
-        return sqs_config(vars(self))
-
-    def shared_stream_key(self) -> Hashable | None:
-        return self.sqs_config().stream_key()
-
-    def shared_stream_settings(self) -> SqsConfig:
-        """The whole configuration: triggers of one queue must agree on all of it."""
-        return self.sqs_config()
-
-    @classmethod
-    def create_shared_stream_producer(cls, kwargs: dict[str, Any]) -> SqsStreamProducer:
-        return SqsStreamProducer(sqs_config(kwargs))
+    connector_class = SqsConnector
 
     async def filter_shared_stream(self, stream: AsyncIterator[Any]) -> AsyncIterator[TriggerEvent]:
         async for message in stream:

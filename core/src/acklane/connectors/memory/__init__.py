@@ -1,0 +1,39 @@
+"""The built-in, in-process ``memory`` connector: a small Kafka look-alike.
+
+:class:`MemoryBroker` keeps named topics of N partitions in memory (one
+process-global broker per name), consumer groups with committed offsets, and
+per-offset delivery counts. :class:`MemoryProducer` consumes it with Kafka's
+semantics as acklane maps them (the same :class:`~acklane.core.connectors.CommitLedger`
+as the Kafka connector):
+
+- lane = ``(topic, partition)``; ``advance`` commits offset+1 of the last
+  committable item of each partition (cumulative commit);
+- a failed item, or one nobody received (``acked = failed = rejected = 0``),
+  holds its partition: nothing at or after it is committed, across batches,
+  and the consumer is sought back to it so it comes again;
+- a rejected item is copied to ``dlq_topic`` (original key, value and headers
+  plus the ``acklane.origin.*`` and ``acklane.reject.reason`` headers of
+  :mod:`acklane.core.deadletter`) before the commit passes it; with no DLQ it
+  is committed past and counted as dropped.
+
+A new consumer starts at its group's committed offset, or at the beginning of
+the partition (``earliest``): messages published before the pipeline starts are
+consumed. Publishing is thread-safe; waiting consumers are woken on their own
+event loop.
+"""
+
+from ._broker import MemoryBroker, MemoryConsumer, MemoryGroupStats, MemoryRecord
+from ._config import MemoryConfig
+from ._connector import MemoryConnector
+from ._producer import MemoryPayload, MemoryProducer
+
+__all__ = [
+    "MemoryBroker",
+    "MemoryConfig",
+    "MemoryConnector",
+    "MemoryConsumer",
+    "MemoryGroupStats",
+    "MemoryPayload",
+    "MemoryProducer",
+    "MemoryRecord",
+]

@@ -1,0 +1,85 @@
+"""A broker's binding to the engine: its configuration, its stream key, its producer."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Hashable, Mapping
+from typing import Any, ClassVar, Generic
+
+from pydantic import BaseModel
+from typing_extensions import TypeVar
+
+from ..producer import SharedStreamProducer
+
+__all__ = ["ConfigT", "Connector"]
+
+#: A connector's configuration model (a bare ``Connector`` is ``Connector[BaseModel]``).
+ConfigT = TypeVar("ConfigT", bound=BaseModel, default=BaseModel)
+
+
+class Connector(ABC, Generic[ConfigT]):
+    """One broker's binding to the engine, found by name through entry points.
+
+    A subclass names itself (``name``, the YAML's ``connector:``), its configuration
+    model (``config_model``: it validates the stream's block, every field except
+    ``connector``, and refuses unsafe settings before anything connects), which of
+    its fields pick the upstream (:meth:`key`) and how to build a producer
+    (:meth:`producer`). Everything else (coercing a configuration, the shared stream
+    key, the description) is done here, the same way for every broker.
+    """
+
+    name: ClassVar[str]
+    config_model: type[ConfigT]
+
+    # -- what a broker writes
+
+    @classmethod
+    @abstractmethod
+    def key(cls, config: ConfigT) -> tuple[Hashable, ...]:
+        """The shared stream key: only the fields that pick the upstream."""
+
+    @classmethod
+    @abstractmethod
+    def producer(cls, config: ConfigT) -> SharedStreamProducer:
+        """A new producer for one group's poll; it must connect lazily."""
+
+    @classmethod
+    def description(cls, config: ConfigT) -> str:
+        """A one-line, secret-free description for logs and the CLI."""
+        return f"{cls.name} {cls.key(config)!r}"
+
+    # -- what the engine, the YAML loader and the triggers call
+
+    @classmethod
+    def config(cls, config: ConfigT | Mapping[str, Any]) -> ConfigT:
+        """The configuration itself, or validated from a mapping holding its fields.
+
+        Keys of the mapping that are not fields of ``config_model`` are ignored (a
+        trigger's kwargs carry its subclass's own fields too); a YAML stream block is
+        validated with ``config_model`` directly, where an unknown key is an error.
+        """
+        model = cls.config_model
+        if isinstance(config, model):
+            return config
+        if isinstance(config, Mapping):
+            fields = model.model_fields
+            return model.model_validate({k: v for k, v in config.items() if k in fields})
+        raise TypeError(
+            f"connector {cls.name!r}: expected a {model.__name__} or a mapping of its fields, "
+            f"got {type(config).__name__}"
+        )
+
+    @classmethod
+    def stream_key(cls, config: ConfigT | Mapping[str, Any]) -> tuple[Hashable, ...]:
+        """The shared stream key of a configuration (or of a mapping of its fields)."""
+        return cls.key(cls.config(config))
+
+    @classmethod
+    def create_producer(cls, config: ConfigT | Mapping[str, Any]) -> SharedStreamProducer:
+        """A new producer for one group's poll, from a configuration or its fields."""
+        return cls.producer(cls.config(config))
+
+    @classmethod
+    def describe(cls, config: ConfigT | Mapping[str, Any]) -> str:
+        """A one-line, secret-free description of a configuration (or of its fields)."""
+        return cls.description(cls.config(config))
