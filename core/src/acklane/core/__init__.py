@@ -4,13 +4,19 @@ The public names keep Apache Airflow 3.3's shapes, so a producer or a trigger
 written for one runs under the other.
 """
 
+from .errors import (
+    AcklaneError,
+    ConfigError,
+    ConnectorError,
+    SharedStreamError,
+    StateStoreError,
+)
 from .manager import BoundEvent, GroupStats, SharedStreamManager
 from .message import BodyDecodeError, RawMessage
 from .producer import AdvanceItem, AdvanceOutcome, SharedStreamProducer
 from .trigger import (
     AckTimeout,
     BaseEventTrigger,
-    SharedStreamError,
     StreamEnded,
     SubscriberOverflow,
     TriggerEvent,
@@ -19,16 +25,20 @@ from .trigger import (
 
 __all__ = [
     "AckTimeout",
+    "AcklaneError",
     "AdvanceItem",
     "AdvanceOutcome",
     "BaseEventTrigger",
     "BodyDecodeError",
     "BoundEvent",
+    "ConfigError",
+    "ConnectorError",
     "GroupStats",
     "RawMessage",
     "SharedStreamError",
     "SharedStreamManager",
     "SharedStreamProducer",
+    "StateStoreError",
     "StreamEnded",
     "SubscriberOverflow",
     "TriggerEvent",

@@ -44,6 +44,7 @@ from rich.text import Text
 
 from .config import parse_config
 from .deadletter import ORIGIN_OFFSET, ORIGIN_PARTITION, REJECT_REASON
+from .errors import AcklaneError
 from .message import RawMessage
 from .producer import AdvanceItem
 from .runner import Runner, RunObserver
@@ -228,7 +229,7 @@ def _render(
     return Group(table, *lines)
 
 
-class DemoBrokerUnavailable(RuntimeError):
+class DemoBrokerUnavailable(AcklaneError, RuntimeError):
     """The demo broker cannot run here at all (e.g. its emulator's binary is missing).
 
     Raise it (from the original error) only for that: ``--broker auto`` then falls
@@ -236,7 +237,7 @@ class DemoBrokerUnavailable(RuntimeError):
     """
 
 
-class UnknownDemoBroker(LookupError):
+class UnknownDemoBroker(AcklaneError, LookupError):
     """No demo broker of that name: neither ``memory`` nor a registered one."""
 
 

@@ -24,6 +24,7 @@ from typing import Any, Final
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from .errors import AcklaneError
 from .message import BodyDecodeError, RawMessage
 from .trigger import TriggerEvent, reject_shared_stream_event
 
@@ -71,7 +72,7 @@ class FilterSpec(BaseModel):
     function: str | None = None
 
 
-class FilterSpecError(ValueError):
+class FilterSpecError(AcklaneError, ValueError):
     """A filter block that cannot be compiled; ``problems`` are (path in the block, message)."""
 
     def __init__(self, problems: Sequence[tuple[ProblemPath, str]]) -> None:

@@ -8,10 +8,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from .errors import AcklaneError
+
 __all__ = ["BodyDecodeError", "RawMessage"]
 
 
-class BodyDecodeError(ValueError):
+class BodyDecodeError(AcklaneError, ValueError):
     """The message body is not what a filter expected (not UTF-8, not JSON)."""
 
 

@@ -7,6 +7,8 @@ from collections.abc import AsyncIterator, Hashable
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Protocol
 
+from .errors import SharedStreamError
+
 if TYPE_CHECKING:
     from .producer import SharedStreamProducer
 
@@ -39,10 +41,6 @@ class TriggerEvent:
 
     def __repr__(self) -> str:
         return f"TriggerEvent<{self.payload!r}>"
-
-
-class SharedStreamError(Exception):
-    """Base of the errors a subscriber's filter iterator raises when it is failed."""
 
 
 class AckTimeout(SharedStreamError):

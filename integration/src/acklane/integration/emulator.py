@@ -16,6 +16,8 @@ import time
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar, Self
 
+from acklane.core.errors import AcklaneError
+
 __all__ = [
     "BACKEND_ENV",
     "BROKERS",
@@ -37,7 +39,7 @@ BROKERS: dict[str, str] = {
 }
 
 
-class EmulatorError(RuntimeError):
+class EmulatorError(AcklaneError, RuntimeError):
     """An emulator could not be started or did not become healthy."""
 
 

@@ -1,10 +1,17 @@
-"""ConfigProblem and ConfigError: every problem names the file, the line and the field."""
+"""ConfigProblem and ConfigError: every problem names the file, the line and the field.
+
+:class:`ConfigError` is defined with acklane's other root errors in
+:mod:`acklane.core.errors` and re-exported here.
+"""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from typing import NamedTuple
+
+from ..errors import ConfigError
+
+__all__ = ["ConfigError", "ConfigProblem", "Loc", "format_path"]
 
 #: A location in the document: mapping keys and list indexes, from the top.
 Loc = tuple[str | int, ...]
@@ -21,21 +28,6 @@ class ConfigProblem(NamedTuple):
     def __str__(self) -> str:
         where = f"{self.source}:{self.line}" if self.line is not None else self.source
         return f"{where}: {self.path}: {self.message}" if self.path else f"{where}: {self.message}"
-
-
-class ConfigError(ValueError):
-    """The configuration is invalid; ``problems`` lists every problem found, by line."""
-
-    def __init__(self, problems: Sequence[ConfigProblem]) -> None:
-        self.problems = sorted(problems, key=lambda p: (p.line is None, p.line or 0))
-        if len(self.problems) == 1:
-            text = str(self.problems[0])
-        else:
-            source = self.problems[0].source if self.problems else "configuration"
-            text = f"{len(self.problems)} problems in {source}:\n" + "\n".join(
-                f"  {p}" for p in self.problems
-            )
-        super().__init__(text)
 
 
 def format_path(loc: Loc) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from importlib.metadata import entry_points
 from typing import Any
 
+from ..errors import ConnectorError
 from ._connector import Connector
 
 __all__ = ["ENTRY_POINT_GROUP", "UnknownConnector", "available_connectors", "load_connector"]
@@ -12,7 +13,7 @@ __all__ = ["ENTRY_POINT_GROUP", "UnknownConnector", "available_connectors", "loa
 ENTRY_POINT_GROUP = "acklane.connectors"
 
 
-class UnknownConnector(LookupError):
+class UnknownConnector(ConnectorError, LookupError):
     """No installed distribution registers a connector of that name."""
 
 

@@ -1,6 +1,12 @@
-"""Errors of the task store and the asset store; each names the key and the problem."""
+"""Errors of the task store and the asset store; each names the key and the problem.
+
+Their base, :class:`StateStoreError`, is defined with acklane's other root errors in
+:mod:`acklane.core.errors` and re-exported here.
+"""
 
 from __future__ import annotations
+
+from ..errors import StateStoreError
 
 __all__ = [
     "AssetInactiveError",
@@ -11,10 +17,6 @@ __all__ = [
     "ValueTooLargeError",
     "ValueTypeError",
 ]
-
-
-class StateStoreError(Exception):
-    """Base class of the errors raised by the task store and the asset store."""
 
 
 class InvalidKeyError(StateStoreError, ValueError):

@@ -51,6 +51,7 @@ from acklane.core.deadletter import (
     log_origin,
     outcome_reason,
 )
+from acklane.core.errors import ConnectorError
 from acklane.core.producer import AdvanceItem, SharedStreamProducer
 
 from ._config import KafkaConfig
@@ -113,11 +114,11 @@ _TOO_LARGE = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TO
 _FULL_WAIT = 0.5
 
 
-class KafkaReceiveError(RuntimeError):
+class KafkaReceiveError(ConnectorError, RuntimeError):
     """Consuming failed: the group fails and the runner restarts it."""
 
 
-class KafkaAdvanceError(RuntimeError):
+class KafkaAdvanceError(ConnectorError, RuntimeError):
     """A commit, dead-letter copy or seek failed: the group fails; the broker redelivers."""
 
 
@@ -300,10 +301,12 @@ class KafkaStreamProducer(SharedStreamProducer):
         return {Action(name): count for name, count in asdict(self.stats).items()}
 
     def get_advance_lane(self, broker_payload: Any) -> Hashable:
-        return broker_payload.lane  # type: ignore[no-any-return]
+        delivery: KafkaDelivery = broker_payload
+        return delivery.lane
 
     def message_id(self, broker_payload: Any) -> str | None:
-        return broker_payload.message_id  # type: ignore[no-any-return]
+        delivery: KafkaDelivery = broker_payload
+        return delivery.message_id
 
     async def aclose(self) -> None:
         """Flush the DLQ producer and close the consumer (leaving the group), once."""

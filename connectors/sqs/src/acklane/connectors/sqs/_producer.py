@@ -29,6 +29,7 @@ from acklane.core.deadletter import (
     bounded_text,
     outcome_reason,
 )
+from acklane.core.errors import ConnectorError
 from acklane.core.producer import AdvanceItem, AdvanceOutcome, SharedStreamProducer
 
 from ._config import MAX_VISIBILITY_TIMEOUT, SqsConfig
@@ -73,11 +74,11 @@ _SIZE_CODES = frozenset({"BatchRequestTooLong", "MessageTooLong", "RequestEntity
 _SIZE_WORDS = re.compile(r"shorter than|longer than|too (?:long|large|big)|exceed", re.IGNORECASE)
 
 
-class SqsConnectorError(RuntimeError):
+class SqsConnectorError(ConnectorError, RuntimeError):
     """The queue, its dead-letter queue or the SQS endpoint cannot be used."""
 
 
-class SqsAdvanceError(RuntimeError):
+class SqsAdvanceError(ConnectorError, RuntimeError):
     """SQS refused to delete, release or dead-letter a message; the group must fail."""
 
 

@@ -1,0 +1,66 @@
+"""acklane's exceptions: one root, :class:`AcklaneError`, and a branch per area.
+
+::
+
+    AcklaneError
+    ├── ConfigError         (also ValueError)  the YAML configuration is invalid
+    ├── ConnectorError                         a connector, its registry or its broker
+    ├── StateStoreError                        the task store and the asset store
+    └── SharedStreamError                      a subscriber's filter iterator was failed
+
+Each distribution defines its own errors beneath a branch, next to the code that
+raises them (``KafkaAdvanceError`` in ``acklane.connectors.kafka``, ``AckTimeout`` in
+``acklane.core.trigger``...), and keeps the built-in base its callers caught before
+(``ConfigError`` is still a ``ValueError``, ``KafkaReceiveError`` a ``RuntimeError``).
+The errors of acklane's tooling (the demo, the emulators) sit directly beneath the
+root. ``except AcklaneError`` catches every one of them.
+
+This module imports nothing of acklane's, so every other module can import it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .config._errors import ConfigProblem
+
+__all__ = [
+    "AcklaneError",
+    "ConfigError",
+    "ConnectorError",
+    "SharedStreamError",
+    "StateStoreError",
+]
+
+
+class AcklaneError(Exception):
+    """The root of every error acklane's distributions raise on purpose."""
+
+
+class ConfigError(AcklaneError, ValueError):
+    """The configuration is invalid; ``problems`` lists every problem found, by line."""
+
+    def __init__(self, problems: Sequence[ConfigProblem]) -> None:
+        self.problems = sorted(problems, key=lambda p: (p.line is None, p.line or 0))
+        if len(self.problems) == 1:
+            text = str(self.problems[0])
+        else:
+            source = self.problems[0].source if self.problems else "configuration"
+            text = f"{len(self.problems)} problems in {source}:\n" + "\n".join(
+                f"  {p}" for p in self.problems
+            )
+        super().__init__(text)
+
+
+class ConnectorError(AcklaneError):
+    """A connector cannot be found, or it cannot use its broker (receive, commit, delete...)."""
+
+
+class StateStoreError(AcklaneError):
+    """Base class of the errors raised by the task store and the asset store."""
+
+
+class SharedStreamError(AcklaneError):
+    """Base of the errors a subscriber's filter iterator raises when it is failed."""
