@@ -1,0 +1,39 @@
+"""The shared stream manager: one poll per key, fan-out, the ledger, and the advance pump.
+
+Bookkeeping is per subscriber, not per event: each subscriber consumes its queue in
+order, so an event only carries counters (how many snapshot members have yet to
+resolve it, and how they did). Per delivery the engine does a queue append, a
+pop, and a counter decrement; no per-event sets or dicts of subscribers exist.
+
+The contract is docs/engine.md. Private modules, one concept each:
+
+- ``_manager``: :class:`SharedStreamManager` (subscribing, the binding channel, groups)
+- ``_group``: one key's group (membership, poll, pump, ack-timeout sweep, lifecycle)
+- ``_subscriber``: one member (its queue, its binding window, the stream its filter reads)
+- ``_ledger``: a broadcast event's record, the resolution kinds, outcomes
+- ``_settings``: refusing a member whose stream settings differ from its group's
+- ``_types``: public value types and observer shapes; ``_common``: the logger
+
+The underscored names re-exported here (and ``log``) are not API: they stay
+reachable at their pre-package path for tests and debugging.
+"""
+
+from __future__ import annotations
+
+from ._common import log as log
+from ._group import _Group as _Group
+from ._ledger import _CLEAN_CACHE as _CLEAN_CACHE
+from ._ledger import _Entry as _Entry
+from ._manager import SharedStreamManager
+from ._subscriber import _Binding as _Binding
+from ._subscriber import _Subscriber as _Subscriber
+from ._types import AdvanceObserver, BoundEvent, FailureObserver, GroupStats, LeaveObserver
+
+__all__ = [
+    "AdvanceObserver",
+    "BoundEvent",
+    "FailureObserver",
+    "GroupStats",
+    "LeaveObserver",
+    "SharedStreamManager",
+]

@@ -1,0 +1,551 @@
+"""One group: the live subscribers of a key, sharing one upstream poll.
+
+The group broadcasts each raw event to a snapshot of its members, keeps the ledger
+of outstanding events per lane, hands resolved lane prefixes to the producer (the
+pump), and fails members that sit on an event past the ack timeout (the sweep).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Hashable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from ..producer import AdvanceItem, SharedStreamProducer
+from ..trigger import AckTimeout, BaseEventTrigger, StreamEnded, SubscriberOverflow
+from ._common import aclose_iter, log
+from ._ledger import _CLEAN_CACHE, _EMPTY_LANE, ACKED, FAILED, _Entry, _outcome
+from ._subscriber import _Subscriber
+from ._types import GroupStats, _new_tuple
+
+if TYPE_CHECKING:
+    from ._manager import SharedStreamManager
+
+_monotonic = time.monotonic
+
+
+class _Group:
+    """All live subscribers of one key, sharing one upstream poll."""
+
+    def __init__(
+        self,
+        manager: SharedStreamManager,
+        key: Hashable,
+        trigger_cls: type[BaseEventTrigger],
+        kwargs: dict[str, Any],
+        founder: str = "",
+        settings: object = None,
+    ) -> None:
+        self.manager = manager
+        self.key = key
+        self.trigger_cls = trigger_cls
+        self.kwargs = kwargs
+        # the trigger whose kwargs build the producer, and its shared_stream_settings()
+        self.founder = founder
+        self.settings = settings
+        self.acking = trigger_cls.uses_ack_channel()
+        self.members: tuple[_Subscriber, ...] = ()
+        self.detached: list[_Subscriber] = []  # left with yields still awaiting confirmation
+        self.lanes: dict[Hashable, deque[_Entry]] = {}
+        self.ready: dict[Hashable, None] = {}  # lanes whose head is resolved, in order
+        self.producer: SharedStreamProducer | None = None
+        self.error: BaseException | None = None
+        self.frozen = False  # after failure/stop: no more resolutions count
+        self.advance_broken = False
+        self.stats = GroupStats()
+        self.latencies: list[float] | None = None  # broadcast-to-advance, when sampled
+        self._pump_wake = asyncio.Event()
+        # overflow="pause": the poll waits while a member's queue is full, until it
+        # drains to the low-water mark (or the member leaves or is failed).
+        self.pausing = manager.overflow == "pause"
+        self.low_water = manager.max_subscriber_queue // 2
+        self.room_for: _Subscriber | None = None
+        self._room: asyncio.Future[None] | None = None
+        self._polling = True
+        self._closing = False
+        self._poll_task: asyncio.Task[None] | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    # -- membership
+
+    def attach(self, trigger_id: str, trigger: BaseEventTrigger) -> _Subscriber:
+        """A new member, in every broadcast from now on."""
+        sub = _Subscriber(self, trigger_id, trigger)
+        self.members = (*self.members, sub)
+        return sub
+
+    def _remove_member(self, sub: _Subscriber) -> None:
+        """Out of later broadcasts; a poll paused for its room need not wait any more."""
+        if sub in self.members:
+            self.members = tuple(m for m in self.members if m is not sub)
+        if self.room_for is sub:
+            self.wake_poll()
+
+    def wake_poll(self) -> None:
+        """The member the paused poll waits for has room again (or is gone)."""
+        room = self._room
+        self.room_for = None
+        if room is not None and not room.done():
+            room.set_result(None)
+
+    async def _wait_for_room(self, maxq: int) -> None:
+        """overflow="pause": wait until no member's queue is full."""
+        while (full := self._full_member(maxq)) is not None:
+            self.stats.pauses += 1
+            self._room = asyncio.get_running_loop().create_future()
+            self.room_for = full
+            try:
+                await self._room
+            finally:
+                self._room = None
+                self.room_for = None
+
+    def _full_member(self, maxq: int) -> _Subscriber | None:
+        """A member whose queue holds ``maxq`` events, if any (the first one)."""
+        return next((s for s in self.members if len(s.queue) >= maxq), None)
+
+    def detach(self, sub: _Subscriber) -> None:
+        """The subscriber leaves: unread events fail; the one it is on counts as moved past."""
+        if sub.closed:
+            return
+        sub.closed = True
+        self._remove_member(sub)
+        if sub.failure is None and not self.frozen and self.acking:
+            self._fail_unread(sub)
+            sub.move_past()
+            if any(not b.done for b in sub.awaiting):
+                self.detached.append(sub)  # the sweep still times its awaited yields out
+        sub.queue.clear()
+        sub.wake()
+
+    def force_fail(self, sub: _Subscriber, exc: BaseException) -> None:
+        """Fail the subscriber out of every outstanding event; its iterator raises ``exc``."""
+        if sub.failure is not None:
+            return
+        sub.failure = exc
+        self._remove_member(sub)
+        if self.acking and not self.frozen:
+            self._fail_unread(sub)
+            self._fail_held(sub)
+        sub.queue.clear()
+        sub.wake()
+        self._notify_failed(sub, exc)
+
+    def _fail_unread(self, sub: _Subscriber) -> None:
+        """The events still in the subscriber's queue: it never saw them, so they fail."""
+        queue = sub.queue
+        while queue:
+            self.resolve(queue.popleft(), FAILED)
+
+    def _fail_held(self, sub: _Subscriber) -> None:
+        """The event it is on and those whose yields await confirmation fail too."""
+        entry = sub.current
+        if entry is not None and not sub.rejected_current:
+            self.resolve(entry, FAILED)
+        sub.current = None
+        sub.rejected_current = False
+        if sub.binding is not None:
+            sub.binding.done = True
+            sub.binding = None
+        for binding in sub.awaiting:
+            if not binding.done:
+                binding.done = True
+                self.resolve(binding.entry, FAILED)
+        sub.awaiting.clear()
+
+    def _notify_failed(self, sub: _Subscriber, exc: BaseException) -> None:
+        """Tell the manager's failure observer, unless the whole group failed."""
+        observer = self.manager.on_subscriber_failed
+        if observer is not None and self.error is None:
+            try:
+                observer(self.key, sub.trigger_id, exc)
+            except Exception:  # an observer must never break the ack channel
+                log.exception("subscriber-failure observer failed key=%r", self.key)
+
+    # -- resolution and the pump
+
+    def resolve(self, entry: _Entry, kind: int) -> None:
+        """One snapshot member resolved ``entry``: ACKED, FAILED or REJECTED."""
+        if self.frozen:
+            return
+        stats = self.stats
+        if kind == ACKED:
+            entry.acked += 1
+            stats.acked += 1
+        elif kind == FAILED:
+            entry.failed += 1
+            stats.failed += 1
+        else:
+            entry.rejected += 1
+            stats.rejected += 1
+        entry.remaining -= 1
+        if entry.remaining == 0 and entry.lane_q[0] is entry:
+            self._lane_ready(entry)
+
+    def _lane_ready(self, entry: _Entry) -> None:
+        """The head of the entry's lane is resolved: the pump has work."""
+        self.ready[entry.lane] = None
+        self._pump_wake.set()
+
+    async def _pump(self) -> None:
+        """Hand resolved lane prefixes to the producer, one ``advance`` at a time."""
+        producer = self.producer
+        assert producer is not None
+        ready = self.ready
+        lanes = self.lanes
+        stats = self.stats
+        wake = self._pump_wake
+        # A local: CPython 3.11 compiles a method call on an imported name (the cache
+        # lives in _ledger) as an attribute load plus a call, a bound method per event.
+        clean_get = _CLEAN_CACHE.get
+        while True:
+            if not ready:
+                if self._closing:
+                    return
+                wake.clear()
+                await wake.wait()
+                continue
+            lane = next(iter(ready))
+            del ready[lane]
+            q = lanes.get(lane)
+            if q is None:
+                continue
+            # the lane's resolved prefix, inlined (once per advanced event)
+            batch: list[AdvanceItem] = []
+            latencies = self.latencies
+            while q and q[0].remaining == 0:
+                entry = q.popleft()
+                outcome = clean_get((entry.acked, entry.failed, entry.rejected))
+                if outcome is None or entry.reasons:
+                    outcome = _outcome(entry)
+                batch.append(_new_tuple(AdvanceItem, (entry.payload, outcome)))
+                if latencies is not None:
+                    latencies.append(_monotonic() - entry.t)
+            if not q:
+                del lanes[lane]
+            if not batch:
+                continue
+            started = _monotonic()
+            try:
+                await producer.advance(batch)
+            except Exception as exc:
+                self._advance_failed(lane, batch, exc)
+                return
+            stats.advance_batches += 1
+            stats.advanced_events += len(batch)
+            stats.advance_seconds += _monotonic() - started
+            observer = self.manager.on_advance
+            if observer is not None:
+                try:
+                    observer(self.key, batch)
+                except Exception:  # an observer must never break the ack channel
+                    log.exception("advance observer failed key=%r", self.key)
+            q2 = lanes.get(lane)
+            if q2 and q2[0].remaining == 0:
+                ready[lane] = None  # resolved while the advance was in flight
+
+    def _advance_failed(self, lane: Hashable, batch: list[AdvanceItem], exc: Exception) -> None:
+        """``advance`` raised: the group fails, and nothing more is advanced."""
+        log.warning(
+            "Shared stream advance failed key=%r lane=%r batch=%d: %r",
+            self.key,
+            lane,
+            len(batch),
+            exc,
+        )
+        self.advance_broken = True
+        self.fail(exc)
+
+    # -- the poll
+
+    def _new_lane(self, lane: Hashable) -> deque[_Entry]:
+        """The ledger's queue for a lane seen for the first time (or again, once drained)."""
+        q: deque[_Entry] = deque()
+        self.lanes[lane] = q
+        return q
+
+    async def _poll(self) -> None:
+        """Pull upstream and broadcast, after the cohort's grace period, until it fails."""
+        grace = self.manager.cohort_grace_period
+        if grace > 0:
+            await asyncio.sleep(grace)
+        log.info("Shared stream group started key=%r subscribers=%d", self.key, len(self.members))
+        if self.acking:
+            assert self.producer is not None
+            await self._poll_ack(self.producer)
+        else:
+            await self._poll_fast()
+        raise StreamEnded(f"shared stream {self.key!r} ended; a shared stream must run forever")
+
+    async def _poll_fast(self) -> None:
+        """The fast path: broadcast raw events; nothing is acknowledged or advanced."""
+        stream = self.trigger_cls.open_shared_stream(self.kwargs)
+        maxq = self.manager.max_subscriber_queue
+        stats = self.stats
+        try:
+            async for raw in stream:
+                stats.broadcast += 1
+                entry = _Entry(None, raw, None, _EMPTY_LANE, 0.0, 0)
+                for sub in self.members:
+                    if len(sub.queue) >= maxq:
+                        self._overflow(sub, maxq)
+                        continue
+                    sub.queue.append(entry)
+                    if sub.waiter is not None:
+                        sub.wake()
+        finally:
+            await aclose_iter(stream)
+
+    async def _poll_ack(self, producer: SharedStreamProducer) -> None:
+        """Ack mode: enter each raw event in its lane's ledger, then broadcast it."""
+        stream, single = _open_upstream(producer)
+        maxq = self.manager.max_subscriber_queue
+        get_lane = producer.get_advance_lane
+        lanes = self.lanes
+        stats = self.stats
+        try:
+            async for item in stream:
+                batch: Iterable[tuple[Any, Any]] = (item,) if single else item
+                now = _monotonic()
+                # once per raw event from here on: helpers only off the delivery path
+                for raw, payload in batch:
+                    lane = get_lane(payload)
+                    try:
+                        lane_q = lanes.get(lane)
+                    except TypeError as exc:
+                        raise TypeError(f"advance lane {lane!r} is not hashable") from exc
+                    if lane_q is None:
+                        lane_q = self._new_lane(lane)
+                    members = self.members
+                    entry = _Entry(payload, raw, lane, lane_q, now, len(members))
+                    lane_q.append(entry)
+                    stats.broadcast += 1
+                    if not members:
+                        self._unclaimed(entry)
+                        continue
+                    filled = False
+                    for sub in members:
+                        queue = sub.queue
+                        if len(queue) >= maxq:
+                            queue.append(entry)  # counted in this event too, then failed
+                            self._overflow(sub, maxq)
+                            continue
+                        queue.append(entry)
+                        if sub.waiter is not None:
+                            sub.wake()
+                        if len(queue) >= maxq:
+                            filled = True
+                    if filled and self.pausing:
+                        await self._wait_for_room(maxq)
+                        now = _monotonic()
+        finally:
+            await aclose_iter(stream)
+
+    def _unclaimed(self, entry: _Entry) -> None:
+        """Nobody was subscribed: resolved at once, as (0, 0, 0), so it is redelivered."""
+        self.stats.unclaimed += 1
+        if entry.lane_q[0] is entry:
+            self._lane_ready(entry)
+
+    def _overflow(self, sub: _Subscriber, maxq: int) -> None:
+        """A broadcast found the member's queue full: fail it out of what it holds."""
+        log.warning(
+            "Shared stream subscriber overflow key=%r trigger_id=%s queue_size=%d",
+            self.key,
+            sub.trigger_id,
+            maxq,
+        )
+        self.force_fail(
+            sub,
+            SubscriberOverflow(
+                f"trigger {sub.trigger_id}: queue of {maxq} raw events full; "
+                f"it was failed out of its outstanding events"
+            ),
+        )
+
+    # -- ack timeout
+
+    async def _sweep(self) -> None:
+        """Every tenth of the ack timeout (0.01s to 1s), fail members past it."""
+        timeout = self.manager.ack_timeout
+        interval = min(max(timeout / 10.0, 0.01), 1.0)
+        while True:
+            await asyncio.sleep(interval)
+            self._sweep_once(_monotonic() - timeout)
+            if self.detached:
+                self._prune_detached()
+
+    def _sweep_once(self, limit: float) -> None:
+        """Time out every member (and detached one) whose oldest event is before ``limit``."""
+        for sub in (*self.members, *self.detached):
+            if self.frozen:
+                break  # failed (perhaps by the previous timeout): nothing more counts
+            oldest = sub.oldest_outstanding()
+            if oldest is not None and oldest <= limit:
+                self._timeout(sub)
+
+    def _prune_detached(self) -> None:
+        """Forget detached subscribers with nothing left to time out."""
+        self.detached = [s for s in self.detached if s.failure is None and s.oldest_outstanding()]
+
+    def _timeout(self, sub: _Subscriber) -> None:
+        """The subscriber sat on an event past ``ack_timeout``: fail it out of everything."""
+        event_id = self._event_id(sub.oldest_entry())
+        log.warning(
+            "Shared stream ack timeout key=%r trigger_id=%s event=%s after %.3gs",
+            self.key,
+            sub.trigger_id,
+            event_id,
+            self.manager.ack_timeout,
+        )
+        self.force_fail(
+            sub,
+            AckTimeout(
+                f"trigger {sub.trigger_id} did not resolve event {event_id} within "
+                f"ack_timeout={self.manager.ack_timeout}s"
+            ),
+        )
+
+    def _event_id(self, entry: _Entry) -> str:
+        """The event's message id, or the start of its payload's repr: for log lines."""
+        producer = self.producer
+        if producer is not None:
+            try:
+                mid = producer.message_id(entry.payload)
+            except Exception:  # the id is only for the log line
+                mid = None
+            if mid is not None:
+                return mid
+        return repr(entry.payload)[:80]
+
+    # -- lifecycle
+
+    def start(self) -> None:
+        """Run the group in its own task."""
+        task = asyncio.get_running_loop().create_task(
+            self._run(), name=f"acklane-group-{self.key!r}"
+        )
+        self._task = task
+        # the manager keeps a closing group until its task is really done
+        task.add_done_callback(lambda _t: self.manager._closing.discard(self))
+
+    async def _run(self) -> None:
+        """Build the producer, run poll, pump and sweep until closed, then clean up."""
+        if self._closing:
+            return  # closed or failed before it ever ran: never connect
+        if not self._create_producer():
+            return
+        try:
+            async with asyncio.TaskGroup() as tg:
+                self._poll_task = tg.create_task(self._guarded_poll())
+                if self.acking:
+                    sweep = tg.create_task(self._sweep())
+                    await self._pump()
+                    sweep.cancel()
+        except Exception as exc:  # a bug in the engine or an observer: fail loudly
+            log.exception("Shared stream group key=%r crashed", self.key)
+            self.fail(exc)
+        finally:
+            self.frozen = True
+            await self._aclose_producer()
+            self.manager._drop_bindings(self)
+
+    def _create_producer(self) -> bool:
+        """Ack mode: build the producer from the founder's kwargs (False: the group failed)."""
+        try:
+            if self.acking:
+                self.producer = self.trigger_cls.create_shared_stream_producer(self.kwargs)
+        except Exception as exc:
+            self.fail(exc)
+            return False
+        return True
+
+    async def _guarded_poll(self) -> None:
+        """The poll, turning its end or its error into the group's failure."""
+        if not self._polling:
+            return  # stopped before the poll task first ran
+        try:
+            await self._poll()
+        except asyncio.CancelledError:
+            if self.error is None and self._polling:
+                raise  # cancelled from outside, not by stop()/fail()
+        except Exception as exc:
+            self.fail(exc)
+        finally:
+            self._polling = False
+            self._pump_wake.set()
+
+    async def _aclose_producer(self) -> None:
+        """Close the producer; a failure to is logged, never raised."""
+        producer = self.producer
+        if producer is None:
+            return
+        try:
+            await producer.aclose()
+        except Exception as exc:
+            log.warning("Shared stream producer aclose failed key=%r: %r", self.key, exc)
+
+    def fail(self, exc: BaseException) -> None:
+        """The group fails loudly: every subscriber's iterator raises ``exc``."""
+        if self.error is not None:
+            return
+        self.error = exc
+        log.warning("Shared stream group failed key=%r: %r", self.key, exc)
+        self.manager._forget_group(self)
+        self.close()
+        for sub in self.members:
+            sub.failure = exc
+            sub.wake()
+        self.members = ()
+
+    def close(self) -> None:
+        """Stop for good: advance what is resolved now, abandon the rest, close the producer."""
+        self.frozen = True
+        self._closing = True
+        self.stop_polling()
+        self._pump_wake.set()
+
+    def stop_polling(self) -> None:
+        """Stop pulling upstream; resolutions and advances go on until :meth:`close`."""
+        if self._polling:
+            self._polling = False
+            task = self._poll_task
+            if task is not None and not task.done():
+                task.cancel()
+            self._pump_wake.set()
+
+    async def wait_closed(self) -> None:
+        """Wait for the group's task to end (without cancelling it if the waiter is)."""
+        task = self._task
+        if task is not None:
+            await asyncio.shield(task)
+
+    async def abort(self) -> None:
+        """Cancel the group's tasks (a producer stuck in advance or aclose) and wait."""
+        self.close()
+        task = self._task
+        if task is not None and not task.done():
+            task.cancel()
+            try:
+                async with asyncio.timeout(5.0):
+                    await asyncio.shield(task)
+            except TimeoutError:
+                task.cancel()  # aclose is stuck too: cancel it and give up on it
+                log.warning("Shared stream group key=%r did not stop; abandoned", self.key)
+            except (asyncio.CancelledError, Exception):
+                pass
+
+
+def _open_upstream(producer: SharedStreamProducer) -> tuple[AsyncIterator[Any], bool]:
+    """The producer's batches if it offers them, else its stream (True: one pair per item).
+
+    Airflow's form (open_stream) yields one pair per step: the poll iterates it directly
+    and makes each pair a batch of one itself, not in a wrapping generator (that would
+    cost one more async generator step per raw event).
+    """
+    batches = producer.open_batches()
+    if batches is None:
+        return producer.open_stream(), True
+    return batches, False

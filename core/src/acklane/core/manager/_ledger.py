@@ -1,0 +1,71 @@
+"""The ledger's record of one broadcast raw event, how a member resolved it, and its outcome.
+
+Resolution kinds are plain ints behind names (not an IntEnum): ``resolve`` compares
+them once per resolution, and exact ints keep that comparison on CPython's fast path.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Hashable
+from typing import Any, Final
+
+from ..producer import AdvanceOutcome
+
+#: How one snapshot member resolved an entry (``_Group.resolve(entry, kind)``).
+ACKED: Final[int] = 0
+FAILED: Final[int] = 1
+REJECTED: Final[int] = 2
+
+
+class _Entry:
+    """One broadcast raw event in the ledger: counters only, never a set of subscribers."""
+
+    __slots__ = (
+        "acked",
+        "failed",
+        "lane",
+        "lane_q",
+        "payload",
+        "raw",
+        "reasons",
+        "rejected",
+        "remaining",
+        "t",
+    )
+
+    def __init__(
+        self, payload: Any, raw: Any, lane: Hashable, lane_q: deque[_Entry], t: float, n: int
+    ) -> None:
+        self.payload = payload
+        self.raw = raw
+        self.lane = lane
+        self.lane_q = lane_q
+        self.t = t
+        self.remaining = n
+        self.acked = 0
+        self.failed = 0
+        self.rejected = 0
+        self.reasons: list[str] | None = None
+
+
+# The fast path's entries belong to no lane: they are never advanced.
+_EMPTY_LANE: deque[_Entry] = deque()
+
+# Outcomes without reject reasons are immutable and few: share one per (acked,
+# failed, rejected), so the pump builds no AdvanceOutcome per event. Bounded.
+_CLEAN_CACHE: dict[tuple[int, int, int], AdvanceOutcome] = {}
+_CLEAN_CACHE_MAX: Final[int] = 4096
+
+
+def _outcome(entry: _Entry) -> AdvanceOutcome:
+    """The entry's outcome: shared from the cache when it has no reject reasons."""
+    if entry.reasons:
+        return AdvanceOutcome(entry.acked, entry.failed, entry.rejected, tuple(entry.reasons))
+    k = (entry.acked, entry.failed, entry.rejected)
+    outcome = _CLEAN_CACHE.get(k)
+    if outcome is None:
+        outcome = AdvanceOutcome(*k)
+        if len(_CLEAN_CACHE) < _CLEAN_CACHE_MAX:
+            _CLEAN_CACHE[k] = outcome
+    return outcome

@@ -1,0 +1,364 @@
+"""The manager, one per process: subscribing, the binding channel, and the live groups.
+
+It groups triggers by key (one upstream poll per key), routes a yielded trigger
+event to the raw event its filter is on (``bind_event``), and resolves that raw
+event once the event store confirms the trigger event persisted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, AsyncIterator, Hashable, Iterable, Mapping
+from typing import Any, Literal
+
+from ..trigger import BaseEventTrigger, TriggerEvent, current_window
+from ._common import aclose_iter, log
+from ._group import _Group
+from ._ledger import ACKED
+from ._settings import _check_settings, _stream_settings
+from ._subscriber import _Binding, _Subscriber
+from ._types import (
+    AdvanceObserver,
+    BoundEvent,
+    FailureObserver,
+    GroupStats,
+    LeaveObserver,
+    _new_tuple,
+)
+
+
+class SharedStreamManager:
+    """One per process: groups triggers by key and runs one poll per group."""
+
+    def __init__(
+        self,
+        max_subscriber_queue: int = 1024,
+        ack_timeout: float = 300.0,
+        cohort_grace_period: float = 0.0,
+        *,
+        overflow: Literal["fail", "pause"] = "fail",
+        on_advance: AdvanceObserver | None = None,
+        on_subscriber_failed: FailureObserver | None = None,
+        on_subscriber_leaving: LeaveObserver | None = None,
+    ) -> None:
+        _check_limits(max_subscriber_queue, ack_timeout, overflow)
+        self.max_subscriber_queue = max_subscriber_queue
+        self.ack_timeout = ack_timeout
+        self.cohort_grace_period = cohort_grace_period
+        #: "fail" (Airflow's rule): a full queue force-fails its subscriber. "pause"
+        #: (acklane's option): the poll waits for room instead; a stuck subscriber is
+        #: still failed, by the ack timeout.
+        self.overflow = overflow
+        self.on_advance = on_advance
+        self.on_subscriber_failed = on_subscriber_failed
+        self.on_subscriber_leaving = on_subscriber_leaving
+        self._groups: dict[Hashable, _Group] = {}
+        self._subs: dict[tuple[str, Hashable], _Subscriber] = {}
+        # trigger id -> [(key, subscriber)]: bind_event's lookup without hashing the key
+        self._by_trigger: dict[str, list[tuple[Hashable, _Subscriber]]] = {}
+        self._bindings: dict[int, _Binding] = {}
+        self._next_seq = 1
+        self._closing: set[_Group] = set()
+
+    # -- subscribing
+
+    async def subscribe(
+        self, *, trigger_id: str, trigger: BaseEventTrigger, key: Hashable
+    ) -> AsyncGenerator[TriggerEvent, None]:
+        """Join the group of ``key`` and yield what this trigger's filter makes of it."""
+        sub_key = (trigger_id, key)
+        sub = self._join(sub_key, trigger)
+        group = sub.group
+        raw_stream = sub.raw_stream()
+        events = trigger.filter_shared_stream(raw_stream)
+        how = "its consumer closed the subscription"
+        try:
+            async for event in events:
+                yield event
+            how = "its filter returned"
+        except GeneratorExit:
+            raise  # closed by its consumer at a yield: an orderly unsubscribe
+        except BaseException as exc:
+            # A filter that crashed or was cancelled mid-event is not done with it:
+            # fail it out of what it holds (redelivered) instead of acking on leave.
+            if sub.failure is None and not group.frozen:
+                group.force_fail(sub, exc)
+            raise
+        finally:
+            if not sub.closed and sub.failure is None and not group.frozen:
+                self._leaving(sub, how)  # before it detaches: the observer may fail the group
+            self._detach(sub_key, sub)
+            await _close_pipeline(events, raw_stream)
+
+    def _join(self, sub_key: tuple[str, Hashable], trigger: BaseEventTrigger) -> _Subscriber:
+        """Check the subscription, find or start its group, and register the new member."""
+        trigger_id, key = sub_key
+        if key is None:
+            raise ValueError(f"trigger {trigger_id}: a None shared stream key cannot be shared")
+        if sub_key in self._subs:
+            raise RuntimeError(f"trigger {trigger_id} is already subscribed to {key!r}")
+        settings = _stream_settings(trigger)
+        group = self._groups.get(key)
+        if group is None:
+            group = self._start_group(key, trigger, trigger_id, settings)
+        else:
+            _check_settings(group, trigger_id, settings)
+        sub = group.attach(trigger_id, trigger)
+        self._register(sub_key, sub)
+        return sub
+
+    def _start_group(
+        self, key: Hashable, trigger: BaseEventTrigger, trigger_id: str, settings: object
+    ) -> _Group:
+        """The key's first subscriber founds its group: its kwargs build the producer."""
+        _, kwargs = trigger.serialize()
+        group = _Group(self, key, type(trigger), kwargs, trigger_id, settings)
+        self._groups[key] = group
+        group.start()
+        return group
+
+    def _leaving(self, sub: _Subscriber, how: str) -> None:
+        """Tell the leaving observer a live subscription is about to end in order."""
+        observer = self.on_subscriber_leaving
+        if observer is None:
+            return
+        try:
+            observer(sub.group.key, sub.trigger_id, how)
+        except Exception:  # an observer must never break the ack channel
+            log.exception("subscriber-leaving observer failed key=%r", sub.group.key)
+
+    def _register(self, sub_key: tuple[str, Hashable], sub: _Subscriber) -> None:
+        """Index the subscriber by (trigger id, key) and by trigger id."""
+        self._subs[sub_key] = sub
+        self._by_trigger.setdefault(sub_key[0], []).append((sub_key[1], sub))
+
+    def _unregister(self, sub_key: tuple[str, Hashable], sub: _Subscriber) -> None:
+        """Undo :meth:`_register`, unless a newer subscription holds the key by now."""
+        if self._subs.get(sub_key) is not sub:
+            return
+        del self._subs[sub_key]
+        trigger_id = sub_key[0]
+        remaining = [(k, s) for k, s in self._by_trigger.get(trigger_id, ()) if s is not sub]
+        if remaining:
+            self._by_trigger[trigger_id] = remaining
+        else:
+            self._by_trigger.pop(trigger_id, None)
+
+    def _detach(self, sub_key: tuple[str, Hashable], sub: _Subscriber) -> _Group | None:
+        """The subscriber leaves; the group it empties closes (returned, to wait for)."""
+        self._unregister(sub_key, sub)
+        group = sub.group
+        group.detach(sub)
+        if not group.members and group.error is None and self._groups.get(group.key) is group:
+            del self._groups[group.key]
+            group.close()
+            self._closing.add(group)
+            return group
+        return None
+
+    async def unsubscribe(self, trigger_id: str, key: Hashable) -> None:
+        """Leave the group; the last one out stops its poll and waits for it to close."""
+        sub = self._subs.get((trigger_id, key))
+        if sub is None:
+            return
+        group = self._detach((trigger_id, key), sub)
+        if group is not None:
+            await self._finish(group)
+
+    async def _finish(self, group: _Group) -> None:
+        """Wait for a closing group; its errors are logged, never raised."""
+        try:
+            await group.wait_closed()
+        except Exception:  # a bug inside the group must not take its callers down
+            log.exception("Shared stream group key=%r ended with an error", group.key)
+        # (the group's done-callback removes it from _closing once its task is done)
+
+    # -- the binding channel
+
+    def bind_event(self, *, trigger_id: str, key: Hashable) -> BoundEvent | None:
+        """Bind the trigger's just-yielded event to the raw event whose window is open."""
+        # Once per yielded event: kept in one piece, on purpose.
+        # The subscription whose filter runs in the calling task, if it is this one: an
+        # old subscription of the same trigger id, still finishing, must not bind to a
+        # new one's raw event.
+        window = current_window.get()
+        if (
+            isinstance(window, _Subscriber)
+            and window.trigger_id == trigger_id
+            and (window.group.key is key or window.group.key == key)
+        ):
+            sub = window
+        else:
+            subs = self._by_trigger.get(trigger_id)
+            if subs is None:
+                return None
+            for k, sub in subs:  # noqa: B007 - almost always one: a trigger id is on one key
+                if k is key or k == key:
+                    break
+            else:
+                return None
+        if sub.closed or sub.failure is not None:
+            return None
+        entry = sub.current
+        if entry is None or sub.rejected_current:
+            return None
+        group = sub.group
+        if not group.acking:
+            return None
+        producer = group.producer
+        try:
+            mid = producer.message_id(entry.payload) if producer is not None else None
+        except Exception as exc:  # only costs dedupe of this event, never the event
+            log.warning("message_id() failed key=%r: %r; stored without one", group.key, exc)
+            mid = None
+        binding = sub.binding
+        if binding is None:
+            binding = sub.binding = _Binding(sub, entry)
+        binding.pending += 1
+        position = binding.count
+        binding.count = position + 1
+        seq = self._next_seq
+        self._next_seq = seq + 1
+        self._bindings[seq] = binding
+        return _new_tuple(BoundEvent, (seq, mid, position))
+
+    def bind_pending_event(self, *, trigger_id: str, key: Hashable) -> int | None:
+        """Airflow's shape of :meth:`bind_event`: only the sequence number."""
+        bound = self.bind_event(trigger_id=trigger_id, key=key)
+        return None if bound is None else bound.seq
+
+    def confirm_persisted(self, seqs: Iterable[int]) -> None:
+        """The event store durably wrote these bound events."""
+        bindings = self._bindings
+        for seq in seqs:
+            binding = bindings.pop(seq, None)
+            if binding is None:
+                continue
+            binding.pending -= 1
+            if binding.pending == 0 and binding.moved and not binding.done:
+                binding.done = True
+                binding.sub.group.resolve(binding.entry, ACKED)
+
+    def discard_pending_event(self, seq: int) -> None:
+        """A bound event will never be persisted (say, its payload is not JSON): forget it.
+
+        Its raw event is not resolved by this; reject it in the window, or it times out.
+        """
+        binding = self._bindings.pop(seq, None)
+        if binding is not None:
+            binding.pending -= 1
+
+    def _drop_bindings(self, group: _Group) -> None:
+        """Forget the bindings of a group that ended: they will never resolve anything."""
+        stale = [s for s, b in self._bindings.items() if b.sub.group is group]
+        for seq in stale:
+            del self._bindings[seq]
+
+    # -- groups
+
+    def _forget_group(self, group: _Group) -> None:
+        """A failed group: no longer live, its members unregistered, still closing."""
+        if self._groups.get(group.key) is group:
+            del self._groups[group.key]
+        for sub in group.members:
+            sub_key = (sub.trigger_id, group.key)
+            self._unregister(sub_key, sub)
+        self._closing.add(group)
+
+    def group_stats(self) -> dict[Hashable, GroupStats]:
+        """Counters of the live groups, by key."""
+        return {key: g.stats for key, g in self._groups.items()}
+
+    def producer_counters(self) -> dict[Hashable, Mapping[str, float]]:
+        """Per live group, its producer's :meth:`~SharedStreamProducer.counters`."""
+        out: dict[Hashable, Mapping[str, float]] = {}
+        for key, group in self._groups.items():
+            producer = group.producer
+            if producer is None:
+                continue
+            try:
+                out[key] = producer.counters()
+            except Exception:  # a producer's bug must not break a metrics scrape
+                log.exception("producer counters failed key=%r", key)
+        return out
+
+    def queue_depths(self) -> dict[tuple[Hashable, str], int]:
+        """Raw events waiting in each subscriber's queue."""
+        return {
+            (key, sub.trigger_id): len(sub.queue)
+            for key, g in self._groups.items()
+            for sub in g.members
+        }
+
+    def lane_heads_waiting(self) -> dict[Hashable, int]:
+        """Per group, lanes whose head event is not resolved yet."""
+        return {
+            key: sum(1 for q in g.lanes.values() if q and q[0].remaining > 0)
+            for key, g in self._groups.items()
+        }
+
+    def fail_group(self, key: Hashable, exc: BaseException) -> None:
+        """Fail the group of ``key`` now: nothing more is advanced; every member raises ``exc``."""
+        group = self._groups.get(key)
+        if group is not None:
+            group.fail(exc)
+
+    def idle(self) -> bool:
+        """True when no subscriber has a raw event queued or open (all wait for more)."""
+        return all(
+            not sub.queue and sub.current is None
+            for g in self._groups.values()
+            for sub in g.members
+        )
+
+    def stop_polling(self) -> None:
+        """Stop every group's upstream pull; subscribers keep their books."""
+        for group in self._groups.values():
+            group.stop_polling()
+
+    async def wait_key_closed(self, key: Hashable) -> None:
+        """Wait until no group of ``key`` is still closing (its producer's ``aclose`` ran)."""
+        for group in [g for g in self._closing if g.key == key]:
+            await self._finish(group)
+
+    async def abort_all(self) -> None:
+        """Cancel every group's tasks at once: for a shutdown that ran out of time."""
+        groups = {*self._groups.values(), *self._closing}
+        self._groups.clear()
+        for group in groups:
+            await group.abort()
+        self._closing.clear()
+
+    async def stop_all(self) -> None:
+        """Stop every group: advance what is resolved, abandon the rest, close producers."""
+        for group in list(self._groups.values()):
+            self._stop_group(group)
+        self._groups.clear()
+        for group in list(self._closing):
+            await self._finish(group)
+
+    def _stop_group(self, group: _Group) -> None:
+        """Close the group, then detach its members: what they hold is abandoned, not acked."""
+        group.close()  # first: events a filter is still working on are abandoned, not acked
+        for sub in group.members:
+            sub_key = (sub.trigger_id, group.key)
+            self._unregister(sub_key, sub)
+            group.detach(sub)
+        self._closing.add(group)
+
+
+def _check_limits(max_subscriber_queue: int, ack_timeout: float, overflow: str) -> None:
+    """Refuse settings the engine cannot run with."""
+    if max_subscriber_queue < 1:
+        raise ValueError("max_subscriber_queue must be at least 1")
+    if ack_timeout <= 0:
+        raise ValueError("ack_timeout must be positive")
+    if overflow not in ("fail", "pause"):
+        raise ValueError(f"overflow must be 'fail' or 'pause', not {overflow!r}")
+
+
+async def _close_pipeline(
+    events: AsyncIterator[TriggerEvent], raw_stream: AsyncIterator[Any]
+) -> None:
+    """Close the filter (its finally blocks run now, in this task), then its raw stream."""
+    await aclose_iter(events)
+    await aclose_iter(raw_stream)

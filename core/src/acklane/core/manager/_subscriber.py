@@ -1,0 +1,200 @@
+"""One trigger's membership in a group: its queue, its binding window, what it iterates.
+
+Bookkeeping is per subscriber, not per event: a subscriber consumes its queue in
+order, so resolving the event it moves past is a pop and a counter decrement.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from ..trigger import BaseEventTrigger, current_window
+from ._ledger import ACKED, REJECTED, _Entry
+
+if TYPE_CHECKING:
+    from ._group import _Group
+
+
+class _Binding:
+    """The trigger events one subscriber yielded while on one raw event."""
+
+    __slots__ = ("count", "done", "entry", "moved", "pending", "sub")
+
+    def __init__(self, sub: _Subscriber, entry: _Entry) -> None:
+        self.sub = sub
+        self.entry = entry
+        self.pending = 0  # bound, not yet confirmed persisted
+        self.count = 0  # bound in total (the next yield's position)
+        self.moved = False  # the subscriber moved past the raw event
+        self.done = False  # this subscriber's resolution of the entry is settled
+
+
+class _Subscriber:
+    """One trigger's membership in a group: its queue and its place in the stream."""
+
+    __slots__ = (
+        "awaiting",
+        "binding",
+        "closed",
+        "current",
+        "failure",
+        "group",
+        "queue",
+        "rejected_current",
+        "trigger",
+        "trigger_id",
+        "waiter",
+    )
+
+    def __init__(self, group: _Group, trigger_id: str, trigger: BaseEventTrigger) -> None:
+        self.group = group
+        self.trigger_id = trigger_id
+        self.trigger = trigger
+        self.queue: deque[_Entry] = deque()
+        self.waiter: asyncio.Future[None] | None = None
+        self.current: _Entry | None = None  # the raw event whose binding window is open
+        self.binding: _Binding | None = None
+        self.rejected_current = False
+        self.awaiting: deque[_Binding] = deque()  # moved past, yields not yet confirmed
+        self.failure: BaseException | None = None
+        self.closed = False
+
+    # -- the binding window (reject_shared_stream_event looks us up via a ContextVar)
+
+    def reject(self, reason: str | None) -> bool:
+        """The filter rejected the raw event it is on: resolve it as rejected, now."""
+        entry = self.current
+        group = self.group
+        if entry is None or self.rejected_current or not group.acking:
+            return False
+        self.rejected_current = True
+        binding = self.binding
+        if binding is not None:
+            binding.done = True  # its yields still fire, but no longer gate anything
+            self.binding = None
+        if reason:
+            if entry.reasons is None:
+                entry.reasons = []
+            entry.reasons.append(reason)
+        group.resolve(entry, REJECTED)
+        return True
+
+    def wake(self) -> None:
+        """Resume raw_stream if it waits for an event (or for its failure)."""
+        waiter = self.waiter
+        if waiter is not None:
+            self.waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def oldest_outstanding(self) -> float | None:
+        """Broadcast time of the oldest event this subscriber has not resolved."""
+        self._prune_awaiting()
+        if self.awaiting:
+            return self.awaiting[0].entry.t
+        if self.current is not None and not self.rejected_current:
+            return self.current.t
+        if self.queue:
+            return self.queue[0].t
+        return None
+
+    def oldest_entry(self) -> _Entry:
+        """The event :meth:`oldest_outstanding` dates (there must be one): for the log."""
+        if self.awaiting:
+            return self.awaiting[0].entry
+        if self.current is not None and not self.rejected_current:
+            return self.current
+        return self.queue[0]
+
+    def _prune_awaiting(self) -> None:
+        """Drop settled bindings from the front, so the head is the oldest unsettled one."""
+        awaiting = self.awaiting
+        while awaiting and awaiting[0].done:
+            awaiting.popleft()
+
+    def move_past(self) -> None:
+        """The filter asked for the next raw event: close the current window."""
+        entry = self.current
+        self.current = None
+        if entry is None:
+            return
+        if self.rejected_current:
+            self.rejected_current = False
+            return
+        group = self.group
+        if not group.acking:
+            return
+        binding = self.binding
+        if binding is None:
+            group.resolve(entry, ACKED)
+            return
+        self.binding = None
+        binding.moved = True
+        if binding.pending == 0:
+            binding.done = True
+            group.resolve(entry, ACKED)
+        else:
+            # _prune_awaiting() inlined: with a store, this runs once per delivery
+            awaiting = self.awaiting
+            while awaiting and awaiting[0].done:
+                awaiting.popleft()
+            awaiting.append(binding)
+
+    async def raw_stream(self) -> AsyncIterator[Any]:
+        """What the filter iterates: this subscriber's share of the broadcast."""
+        queue = self.queue
+        group = self.group
+        stats = group.stats
+        acking = group.acking
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                entry = self.current
+                if entry is not None:
+                    binding = self.binding
+                    if (
+                        acking
+                        and not self.rejected_current
+                        and (binding is None or binding.pending == 0)
+                    ):
+                        # move_past() + resolve(entry, ACKED) inlined for the common cases
+                        # (this runs once per delivery): the filter yielded nothing for the
+                        # event, or every yield is already confirmed, so it is acked now.
+                        self.current = None
+                        if binding is not None:
+                            self.binding = None
+                            binding.moved = binding.done = True
+                        if not group.frozen:
+                            entry.acked += 1
+                            stats.acked += 1
+                            remaining = entry.remaining - 1
+                            entry.remaining = remaining
+                            if remaining == 0 and entry.lane_q[0] is entry:
+                                group._lane_ready(entry)
+                    else:
+                        self.move_past()
+                if self.failure is not None:
+                    raise self.failure
+                if not queue:
+                    if self.closed:
+                        return
+                    waiter: asyncio.Future[None] = loop.create_future()
+                    self.waiter = waiter
+                    await waiter
+                    if self.failure is not None:
+                        raise self.failure
+                    if not queue:
+                        if self.closed:
+                            return
+                        continue
+                entry = queue.popleft()
+                self.current = entry
+                if group.room_for is self and len(queue) <= group.low_water:
+                    group.wake_poll()
+                current_window.set(self)
+                yield entry.raw
+        finally:
+            self.waiter = None
