@@ -287,6 +287,15 @@ def module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
             async def lookup(message):
                 return {"len": len(message.body)}
 
+            CLEANED = []
+
+            async def tidy(stream, watcher):
+                try:
+                    async for message in stream:
+                        yield {"body": message.text()}
+                finally:
+                    CLEANED.append(watcher)
+
             async def takeover(stream, watcher):
                 async for message in stream:
                     yield {"watcher": watcher, "body": message.text()}
@@ -412,3 +421,18 @@ async def test_an_async_generator_function_takes_over_the_stream(module: str) ->
         TriggerEvent({"watcher": "the-watcher", "body": "hi"}),
         TriggerEvent("raw event"),
     ]
+
+
+async def test_closing_a_stream_filter_closes_the_users_generator_at_once(module: str) -> None:
+    # The engine closes the filter when a watcher leaves: the user's finally blocks
+    # must run then, in that task, not later when the garbage collector finds it.
+    f = compile_filter({"function": f"{module}:tidy"})
+
+    async def raw() -> AsyncIterator[RawMessage]:
+        while True:
+            yield msg({"n": 1})
+
+    events = f.run(raw(), "w1")
+    await events.__anext__()
+    await events.aclose()
+    assert sys.modules[module].CLEANED == ["w1"]

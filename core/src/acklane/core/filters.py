@@ -13,6 +13,7 @@ name, dots included), ``key``, ``message_id``, ``source``, ``delivery_attempt``.
 from __future__ import annotations
 
 import base64
+import contextlib
 import difflib
 import importlib
 import inspect
@@ -546,8 +547,11 @@ class CompiledFilter:
         """Turn the raw stream into trigger events, rejecting what must be dead-lettered."""
         if self._function_kind == "stream":
             assert self._function is not None
-            async for item in self._function(stream, watcher):
-                yield item if isinstance(item, TriggerEvent) else TriggerEvent(item)
+            # aclosing: when the engine closes this wrapper, the user's generator is
+            # closed now, in this task (its finally blocks run before the watcher leaves).
+            async with contextlib.aclosing(self._function(stream, watcher)) as events:
+                async for item in events:
+                    yield item if isinstance(item, TriggerEvent) else TriggerEvent(item)
             return
         asynchronous = self._function_kind == "async"
         async for message in stream:
