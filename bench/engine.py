@@ -155,7 +155,7 @@ async def engine_run(
         tid = f"w{i}"
         bind = manager.bind_event
         confirm = manager.confirm_persisted
-        async for event in manager.subscribe(trigger_id=tid, trigger=trigger, key=key):
+        async for event in manager.events(trigger_id=tid, trigger=trigger, key=key):
             bound = bind(trigger_id=tid, key=key)
             assert bound is not None
             if store is None:

@@ -235,7 +235,7 @@ async def through_engine(kit: KafkaKit, topic: str, total: int, watchers: int) -
         nonlocal started
         trigger = BenchWatcher(**fields)
         key = trigger.shared_stream_key()
-        async for _event in manager.subscribe(trigger_id=f"w{i}", trigger=trigger, key=key):
+        async for _event in manager.events(trigger_id=f"w{i}", trigger=trigger, key=key):
             if started is None:
                 started = time.perf_counter()
             seq = manager.bind_pending_event(trigger_id=f"w{i}", key=key)

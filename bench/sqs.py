@@ -179,7 +179,7 @@ async def through_engine(
     async def watch(i: int) -> None:
         trigger = BenchWatcher(queue_url=url, wait_time_seconds=1, **settings)
         key = trigger.shared_stream_key()
-        events: AsyncIterator[Any] = manager.subscribe(trigger_id=f"w{i}", trigger=trigger, key=key)
+        events: AsyncIterator[Any] = manager.events(trigger_id=f"w{i}", trigger=trigger, key=key)
         async for _event in events:
             seq = manager.bind_pending_event(trigger_id=f"w{i}", key=key)
             if seq is not None:

@@ -230,7 +230,7 @@ class Watcher:
 
     async def _run(self) -> None:
         try:
-            async for event in self.manager.subscribe(
+            async for event in self.manager.events(
                 trigger_id=self.trigger_id, trigger=self.trigger, key=self.key
             ):
                 seq = self.manager.bind_pending_event(trigger_id=self.trigger_id, key=self.key)

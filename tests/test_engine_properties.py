@@ -205,7 +205,7 @@ async def scenario(steps: list[tuple[Any, ...]]) -> None:
 
     async def drive(wid: int, trigger: PropTrigger) -> None:
         try:
-            async for _ in manager.subscribe(trigger_id=f"w{wid}", trigger=trigger, key=key):
+            async for _ in manager.events(trigger_id=f"w{wid}", trigger=trigger, key=key):
                 seq = manager.bind_pending_event(trigger_id=f"w{wid}", key=key)
                 w = model.watchers[wid]
                 if seq is not None:

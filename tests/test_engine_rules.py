@@ -23,6 +23,9 @@ from acklane.core import (
     TriggerEvent,
     reject_shared_stream_event,
 )
+from acklane.core.deadletter import outcome_reason
+from acklane.core.producer import reject_reasons_of
+from acklane.core.trigger import uses_ack_channel
 
 
 @pytest.fixture(params=["open_stream", "open_batches"])
@@ -74,20 +77,83 @@ async def test_trigger_subclass_whose_init_passes_no_arguments_works(
     assert w.events == [1]
 
 
-async def test_none_key_raises_value_error(manager: SharedStreamManager, up: Upstream) -> None:
+def test_the_constructor_is_keyword_only_and_accepts_airflows_log() -> None:
+    m = SharedStreamManager(
+        log=logging.getLogger("x"), max_subscriber_queue=4, ack_timeout=1.0, cohort_grace_period=0
+    )
+    assert m.max_subscriber_queue == 4 and m.ack_timeout == 1.0
+    with pytest.raises(TypeError):
+        SharedStreamManager(4, 1.0)  # type: ignore[misc]
+
+
+async def test_subscribe_raises_at_once_on_a_none_key(
+    manager: SharedStreamManager, up: Upstream
+) -> None:
+    with pytest.raises(ValueError, match="None shared stream key"):
+        manager.subscribe(trigger_id="t", trigger=AckTrigger(up.name), key=None)  # no await
+    assert not manager._groups
+
+
+async def test_subscribe_raises_at_once_on_a_second_subscription_of_one_trigger_id_and_key(
+    manager: SharedStreamManager, up: Upstream
+) -> None:
+    t = AckTrigger(up.name)
+    key = t.shared_stream_key()
+    manager.subscribe(trigger_id="t1", trigger=t, key=key)
+    with pytest.raises(RuntimeError, match="already subscribed"):
+        manager.subscribe(trigger_id="t1", trigger=t, key=key)
+    await manager.unsubscribe("t1", key)
+
+
+async def test_subscribe_returns_the_raw_stream_and_unsubscribe_leaves(
+    manager: SharedStreamManager, up: Upstream
+) -> None:
+    # Airflow's shape: the caller runs the filter; leaving is unsubscribe's (it acks
+    # the event the subscriber is on: it moved past it).
+    t = AckTrigger(up.name)
+    key = t.shared_stream_key()
+    raw = manager.subscribe(trigger_id="t", trigger=t, key=key)
+    up.push(5)
+    async with asyncio.timeout(5):
+        first = await anext(raw)
+    assert first == 5  # the raw event, not a TriggerEvent
+    await manager.unsubscribe("t", key)
+    await eventually(lambda: len(up.items) == 1)
+    assert up.outcomes() == {5: (1, 0, 0)}
+    assert not manager._groups
+
+
+async def test_unsubscribe_with_an_error_fails_the_subscriber_out_of_what_it_holds(
+    manager: SharedStreamManager, up: Upstream
+) -> None:
+    t = AckTrigger(up.name)
+    key = t.shared_stream_key()
+    Watcher(manager, "keeper", AckTrigger(up.name)).start()
+    raw = manager.subscribe(trigger_id="t", trigger=t, key=key)
+    up.push(5)
+    async with asyncio.timeout(5):
+        await anext(raw)
+    await manager.unsubscribe("t", key, error=RuntimeError("filter bug"))
+    await eventually(lambda: len(up.items) == 1)
+    assert up.outcomes() == {5: (1, 1, 0)}  # failed: redelivered, never acked
+
+
+async def test_events_raises_on_a_none_key_at_its_first_step(
+    manager: SharedStreamManager, up: Upstream
+) -> None:
     with pytest.raises(ValueError):
-        async for _ in manager.subscribe(trigger_id="t", trigger=AckTrigger(up.name), key=None):
+        async for _ in manager.events(trigger_id="t", trigger=AckTrigger(up.name), key=None):
             pass
 
 
-async def test_second_subscribe_of_same_trigger_id_and_key_raises_runtime_error(
+async def test_events_of_a_second_subscription_of_one_trigger_id_and_key_raises(
     manager: SharedStreamManager, up: Upstream
 ) -> None:
     t = AckTrigger(up.name)
     Watcher(manager, "t1", t).start()
     await settle()
     with pytest.raises(RuntimeError):
-        async for _ in manager.subscribe(trigger_id="t1", trigger=t, key=t.shared_stream_key()):
+        async for _ in manager.events(trigger_id="t1", trigger=t, key=t.shared_stream_key()):
             pass
 
 
@@ -307,7 +373,7 @@ async def test_bound_event_carries_message_id_and_position(
     key = t.shared_stream_key()
 
     async def drive() -> None:
-        async for _ in manager.subscribe(trigger_id="p", trigger=t, key=key):
+        async for _ in manager.events(trigger_id="p", trigger=t, key=key):
             positions.append(manager.bind_event(trigger_id="p", key=key))
 
     task = asyncio.create_task(drive())
@@ -739,7 +805,7 @@ async def test_group_closed_before_its_task_ran_never_polls(
 
     key = ("fake", up.name)
     with pytest.raises(ValueError):
-        async for _ in manager.subscribe(trigger_id="a", trigger=CrashAtOnce(up.name), key=key):
+        async for _ in manager.events(trigger_id="a", trigger=CrashAtOnce(up.name), key=key):
             pass
     up.push(1, 2)
     async with asyncio.timeout(2):
@@ -764,11 +830,11 @@ async def test_old_subscription_finishing_late_does_not_bind_to_a_new_ones_event
 
     async def old() -> None:
         trigger = AckTrigger(up.name, slow_on_one)
-        async for ev in manager.subscribe(trigger_id="a", trigger=trigger, key=key):
+        async for ev in manager.events(trigger_id="a", trigger=trigger, key=key):
             got.append(("old", ev.payload, manager.bind_event(trigger_id="a", key=key)))
 
     async def new() -> None:
-        async for ev in manager.subscribe(trigger_id="a", trigger=AckTrigger(up.name), key=key):
+        async for ev in manager.events(trigger_id="a", trigger=AckTrigger(up.name), key=key):
             got.append(("new", ev.payload, manager.bind_event(trigger_id="a", key=key)))
             await asyncio.Event().wait()
 
@@ -823,7 +889,7 @@ async def test_orderly_close_runs_the_filters_cleanup_at_once_in_its_task(
 
     async def consume() -> None:
         async with contextlib.aclosing(
-            manager.subscribe(trigger_id="a", trigger=Cleans(up.name), key=key)
+            manager.events(trigger_id="a", trigger=Cleans(up.name), key=key)
         ) as it:
             async for _ in it:
                 break
@@ -924,7 +990,7 @@ async def test_leaving_observer_is_told_when_the_consumer_closes_the_subscriptio
         ack_timeout=30.0, on_subscriber_leaving=lambda key, tid, how: calls.append((tid, how))
     )
     trigger = AckTrigger(up.name)
-    it = manager.subscribe(trigger_id="a", trigger=trigger, key=trigger.shared_stream_key())
+    it = manager.events(trigger_id="a", trigger=trigger, key=trigger.shared_stream_key())
     up.push(1)
     async with asyncio.timeout(5):
         await anext(it)
@@ -959,3 +1025,83 @@ async def test_leaving_observer_is_not_called_for_failures_unsubscribes_or_a_sto
         async with asyncio.timeout(5):
             await w.task
     assert calls == []
+
+
+# -- Airflow's triggers and producers under this manager -------------------------------
+
+
+def test_the_mode_is_airflows_rule_a_class_below_the_base_defines_the_producer_factory() -> None:
+    # Airflow's manager walks the MRO for the first class defining the factory and does
+    # not stop at acklane's base: the base must not define it, or every trigger acks.
+    assert "create_shared_stream_producer" not in vars(BaseEventTrigger)
+    assert uses_ack_channel(AckTrigger) and AckTrigger.uses_ack_channel()
+    assert not uses_ack_channel(FastTrigger) and not FastTrigger.uses_ack_channel()
+
+    class Inherits(AckTrigger):
+        pass
+
+    assert uses_ack_channel(Inherits)
+
+
+class AirflowShapedProducer:
+    """A producer with Airflow's methods only: no open_batches, message_id or counters."""
+
+    def __init__(self, up: Upstream) -> None:
+        self.up = up
+
+    async def open_stream(self) -> AsyncIterator[tuple[Any, Any]]:
+        while True:
+            item = await self.up.queue.get()
+            yield item, item
+
+    async def advance(self, batch: Any) -> None:
+        self.up.batches.append(list(batch))
+
+    def get_advance_lane(self, broker_payload: Any) -> Hashable:
+        return None
+
+    async def aclose(self) -> None:
+        self.up.aclosed += 1
+
+
+class AirflowShapedTrigger(AckTrigger):
+    @classmethod
+    def create_shared_stream_producer(cls, kwargs: dict[str, Any]) -> Any:
+        return AirflowShapedProducer(Upstream.registry[kwargs["upstream"]])
+
+
+async def test_a_producer_without_acklanes_additions_runs_without_a_warning(
+    manager: SharedStreamManager, up: Upstream, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="acklane")
+    w = Watcher(manager, "a", AirflowShapedTrigger(up.name)).start()
+    await settle()
+    up.push(1, 2)
+    await eventually(lambda: len(up.items) == 2)
+    assert w.seqs[0] is not None  # bound: ack mode
+    assert manager.producer_counters() == {}  # no counters(): left out
+    assert up.outcomes() == {1: (1, 0, 0), 2: (1, 0, 0)}
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+
+
+async def test_the_ack_timeout_names_the_event_without_printing_its_payload(
+    up: Upstream, caplog: pytest.LogCaptureFixture
+) -> None:
+    manager = SharedStreamManager(ack_timeout=0.2)
+    w = Watcher(manager, "slow", AirflowShapedTrigger(up.name), auto_confirm=False).start()
+    await settle()
+    up.push({"id": 1, "card": "4111-secret"})
+    error = await w.wait_failed()
+    await manager.stop_all()
+    assert isinstance(error, AckTimeout)
+    assert "secret" not in str(error) and "secret" not in caplog.text
+    assert "<dict in lane None>" in str(error)
+
+
+def test_reject_reasons_are_read_from_outcomes_that_carry_none() -> None:
+    class Theirs:  # Airflow's AdvanceOutcome: no reject_reasons
+        acked, failed, rejected = 0, 0, 2
+
+    assert reject_reasons_of(Theirs()) == ()
+    assert reject_reasons_of(AdvanceOutcome(0, 0, 1, ("why",))) == ("why",)
+    assert outcome_reason(Theirs()) == "rejected by 2 watchers"  # type: ignore[arg-type]

@@ -72,7 +72,7 @@ async def test_a_producer_whose_counters_fail_is_left_out_of_a_scrape() -> None:
     up = Upstream(f"up-{uuid.uuid4().hex[:8]}")
     manager = SharedStreamManager()
     trigger = AckTrigger(up.name)
-    events = manager.subscribe(trigger_id="t", trigger=trigger, key=trigger.shared_stream_key())
+    events = manager.events(trigger_id="t", trigger=trigger, key=trigger.shared_stream_key())
     pending = asyncio.ensure_future(anext(events))
     await asyncio.sleep(0.01)
     assert manager.producer_counters() == {trigger.shared_stream_key(): {}}

@@ -95,9 +95,7 @@ class Engine:
     async def _consume(self, trigger_id: str, trigger: SqsMessageTrigger) -> None:
         key = trigger.shared_stream_key()
         try:
-            async for event in self.manager.subscribe(
-                trigger_id=trigger_id, trigger=trigger, key=key
-            ):
+            async for event in self.manager.events(trigger_id=trigger_id, trigger=trigger, key=key):
                 seq = self.manager.bind_pending_event(trigger_id=trigger_id, key=key)
                 self.seen[trigger_id].append(event.payload)
                 if seq is None:

@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from .producer import reject_reasons_of
+
 if TYPE_CHECKING:
     from .producer import AdvanceOutcome
 
@@ -82,8 +84,11 @@ def reject_reason(reasons: Iterable[str], rejected: int) -> str:
 
 
 def outcome_reason(outcome: AdvanceOutcome) -> str:
-    """The reason text of a dead-letter copy of a message that resolved as ``outcome``."""
-    return reject_reason(outcome.reject_reasons, outcome.rejected)
+    """The reason text of a dead-letter copy of a message that resolved as ``outcome``.
+
+    Airflow's ``AdvanceOutcome`` (no ``reject_reasons``) gives the default text.
+    """
+    return reject_reason(reject_reasons_of(outcome), outcome.rejected)
 
 
 def log_origin(topic: str, partition: int, offset: int) -> list[tuple[str, str]]:

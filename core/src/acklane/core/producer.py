@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-__all__ = ["AdvanceItem", "AdvanceOutcome", "SharedStreamProducer"]
+__all__ = ["AdvanceItem", "AdvanceOutcome", "SharedStreamProducer", "reject_reasons_of"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +27,16 @@ class AdvanceOutcome:
     def is_clean(self) -> bool:
         """True when every snapshot member accepted the event and there was at least one."""
         return self.failed == 0 and self.rejected == 0 and self.acked > 0
+
+
+def reject_reasons_of(outcome: object) -> tuple[str, ...]:
+    """The reject reasons an outcome carries: acklane's do, Airflow's ``AdvanceOutcome`` not.
+
+    A producer reads the reasons only through this, so that it runs under Airflow's
+    manager too (its outcomes then give the default reason text).
+    """
+    reasons: tuple[str, ...] = getattr(outcome, "reject_reasons", ())
+    return reasons
 
 
 class AdvanceItem(NamedTuple):

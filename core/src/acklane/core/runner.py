@@ -142,7 +142,7 @@ class _Cohort:
         key = self.key
         key_text = self.key_text
         try:
-            async with aclosing(manager.subscribe(trigger_id=name, trigger=trigger, key=key)) as it:
+            async with aclosing(manager.events(trigger_id=name, trigger=trigger, key=key)) as it:
                 async for event in it:
                     try:
                         bound = manager.bind_event(trigger_id=name, key=key)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import AsyncIterator, Hashable
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Protocol
@@ -20,9 +21,14 @@ __all__ = [
     "SubscriberOverflow",
     "TriggerEvent",
     "reject_shared_stream_event",
+    "uses_ack_channel",
 ]
 
 log = logging.getLogger("acklane.core.trigger")
+
+#: Airflow's shared-stream module. acklane never imports Airflow: it only looks in
+#: ``sys.modules``, so that in a process that has loaded Airflow both work together.
+AIRFLOW_SHARED_STREAM = "airflow.triggers.shared_stream"
 
 
 class TriggerEvent:
@@ -45,6 +51,35 @@ class TriggerEvent:
 
 class AckTimeout(SharedStreamError):
     """The subscriber did not resolve an event within ``ack_timeout`` of its broadcast."""
+
+
+# Airflow's AckTimeout is another class (it does not derive from acklane's errors).
+# When Airflow is loaded, the engine raises an acklane AckTimeout that is an instance
+# of Airflow's too, so that code written against either catches it: one class per
+# Airflow class, made at the first timeout (never at import).
+_AIRFLOW_ACK_TIMEOUTS: dict[type[BaseException], type[AckTimeout]] = {}
+
+
+def ack_timeout_error(text: str) -> AckTimeout:
+    """The engine's :class:`AckTimeout`, also an instance of Airflow's when Airflow is loaded."""
+    airflow = sys.modules.get(AIRFLOW_SHARED_STREAM)
+    theirs = None if airflow is None else getattr(airflow, "AckTimeout", None)
+    if not (isinstance(theirs, type) and issubclass(theirs, Exception)):
+        return AckTimeout(text)
+    cls = _AIRFLOW_ACK_TIMEOUTS.get(theirs)
+    if cls is None:
+        cls = _AIRFLOW_ACK_TIMEOUTS[theirs] = _both_ack_timeouts(theirs)
+    return cls(text)
+
+
+def _both_ack_timeouts(theirs: type[Exception]) -> type[AckTimeout]:
+    """A subclass of acklane's and Airflow's ``AckTimeout`` (pickled as acklane's)."""
+
+    def __reduce__(self: AckTimeout) -> tuple[type[AckTimeout], tuple[Any, ...]]:
+        return AckTimeout, self.args
+
+    namespace = {"__module__": __name__, "__qualname__": "AckTimeout", "__reduce__": __reduce__}
+    return type("AckTimeout", (AckTimeout, theirs), namespace)
 
 
 class SubscriberOverflow(SharedStreamError):
@@ -72,13 +107,57 @@ def reject_shared_stream_event(reason: str | None = None) -> None:
     Resolves the event for this subscriber at once. Outside an open binding window
     (fast path, standalone ``run()``, between two events) it only logs a warning.
     ``reason`` is acklane's addition; it reaches the producer for the DLQ copy.
+
+    A filter running under Airflow's ``SharedStreamManager`` (Airflow loaded, its
+    binding window open in this task) is rejected through Airflow's own function;
+    Airflow's outcome has no room for a reason, so the reason is only logged.
     """
     window = current_window.get()
-    if window is None or not window.reject(reason):
-        log.warning(
-            "reject_shared_stream_event() called outside a binding window; ignored "
-            "(fast path, standalone run(), or between two events)"
-        )
+    if window is not None and window.reject(reason):
+        return
+    if _airflow_reject(reason):
+        return
+    log.warning(
+        "reject_shared_stream_event() called outside a binding window; ignored "
+        "(fast path, standalone run(), or between two events)"
+    )
+
+
+def _airflow_reject(reason: str | None) -> bool:
+    """Reject through Airflow's window, if Airflow is loaded and has one open here."""
+    airflow = sys.modules.get(AIRFLOW_SHARED_STREAM)
+    if airflow is None:
+        return False
+    context = getattr(airflow, "_reject_context", None)
+    window = None if context is None else context.get()
+    if window is None or getattr(window, "acklane_window", False):
+        return False  # none open, or acklane's manager's own (which just declined)
+    if reason:
+        log.info("rejected under Airflow's manager, which keeps no reason: %s", reason)
+    airflow.reject_shared_stream_event()
+    return True
+
+
+def _is_base_trigger(klass: type) -> bool:
+    """acklane's or Airflow's ``BaseEventTrigger`` (Airflow's recognised by name only)."""
+    return klass is BaseEventTrigger or (
+        klass.__qualname__ == "BaseEventTrigger" and klass.__module__ == "airflow.triggers.base"
+    )
+
+
+def uses_ack_channel(cls: type) -> bool:
+    """Whether instances of ``cls`` share a stream in ack mode (else the fast path).
+
+    Airflow's rule, so that both managers put a trigger class in the same mode:
+    walk the MRO up to the base trigger class (acklane's or Airflow's); ack mode
+    when a class on the way defines ``create_shared_stream_producer`` itself.
+    """
+    for klass in cls.__mro__:
+        if _is_base_trigger(klass):
+            return False
+        if "create_shared_stream_producer" in vars(klass):
+            return True
+    return False
 
 
 class BaseEventTrigger:
@@ -121,19 +200,21 @@ class BaseEventTrigger:
         """Fast path: an async generator of raw events, run once per group."""
         raise NotImplementedError(f"{cls.__qualname__} does not implement open_shared_stream")
 
-    @classmethod
-    def create_shared_stream_producer(cls, kwargs: dict[str, Any]) -> SharedStreamProducer:
-        """Ack mode: the producer that owns the broker connection for one group."""
-        raise NotImplementedError(
-            f"{cls.__qualname__} does not implement create_shared_stream_producer"
-        )
+    if TYPE_CHECKING:
+        # Declared for type checkers only. At run time the base class must not define
+        # it: both managers (acklane's and Airflow's) put a class in ack mode when a
+        # class of its MRO below the base defines it, and Airflow's walk does not stop
+        # at acklane's base, so a stub here would put every acklane trigger there.
+
+        @classmethod
+        def create_shared_stream_producer(cls, kwargs: dict[str, Any]) -> SharedStreamProducer:
+            """Ack mode: the producer that owns the broker connection for one group."""
+            ...
 
     @classmethod
     def uses_ack_channel(cls) -> bool:
-        """True when the class overrides :meth:`create_shared_stream_producer`."""
-        own = cls.create_shared_stream_producer.__func__  # type: ignore[attr-defined]
-        base = BaseEventTrigger.create_shared_stream_producer.__func__  # type: ignore[attr-defined]
-        return own is not base
+        """True in ack mode: a subclass defines ``create_shared_stream_producer``."""
+        return uses_ack_channel(cls)
 
     async def filter_shared_stream(self, stream: AsyncIterator[Any]) -> AsyncIterator[TriggerEvent]:
         """Turn the broadcast raw stream into this trigger's events."""

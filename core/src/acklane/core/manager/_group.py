@@ -10,11 +10,17 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Hashable, Iterable
+from collections.abc import AsyncIterator, Callable, Hashable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from ..producer import AdvanceItem, SharedStreamProducer
-from ..trigger import AckTimeout, BaseEventTrigger, StreamEnded, SubscriberOverflow
+from ..trigger import (
+    BaseEventTrigger,
+    StreamEnded,
+    SubscriberOverflow,
+    ack_timeout_error,
+    uses_ack_channel,
+)
 from ._common import aclose_iter, log
 from ._ledger import _CLEAN_CACHE, _EMPTY_LANE, ACKED, FAILED, _Entry, _outcome
 from ._subscriber import _Subscriber
@@ -45,12 +51,16 @@ class _Group:
         # the trigger whose kwargs build the producer, and its shared_stream_settings()
         self.founder = founder
         self.settings = settings
-        self.acking = trigger_cls.uses_ack_channel()
+        # Airflow's rule (its trigger classes have no uses_ack_channel of their own)
+        self.acking = uses_ack_channel(trigger_cls)
         self.members: tuple[_Subscriber, ...] = ()
         self.detached: list[_Subscriber] = []  # left with yields still awaiting confirmation
         self.lanes: dict[Hashable, deque[_Entry]] = {}
         self.ready: dict[Hashable, None] = {}  # lanes whose head is resolved, in order
         self.producer: SharedStreamProducer | None = None
+        # the producer's message_id(), looked up once: None when it has none (Airflow's
+        # producers) or only the default one, so nothing is called per event then
+        self.message_id_of: Callable[[Any], str | None] | None = None
         self.error: BaseException | None = None
         self.frozen = False  # after failure/stop: no more resolutions count
         self.advance_broken = False
@@ -402,23 +412,26 @@ class _Group:
         )
         self.force_fail(
             sub,
-            AckTimeout(
+            ack_timeout_error(
                 f"trigger {sub.trigger_id} did not resolve event {event_id} within "
                 f"ack_timeout={self.manager.ack_timeout}s"
             ),
         )
 
     def _event_id(self, entry: _Entry) -> str:
-        """The event's message id, or the start of its payload's repr: for log lines."""
-        producer = self.producer
-        if producer is not None:
+        """The event's message id, else its payload's type and lane: for log lines.
+
+        Never the payload's repr: a producer's payload may hold the message's value.
+        """
+        message_id = self.message_id_of
+        if message_id is not None:
             try:
-                mid = producer.message_id(entry.payload)
+                mid = message_id(entry.payload)
             except Exception:  # the id is only for the log line
                 mid = None
             if mid is not None:
                 return mid
-        return repr(entry.payload)[:80]
+        return f"<{type(entry.payload).__name__} in lane {entry.lane!r}>"
 
     # -- lifecycle
 
@@ -456,7 +469,9 @@ class _Group:
         """Ack mode: build the producer from the founder's kwargs (False: the group failed)."""
         try:
             if self.acking:
-                self.producer = self.trigger_cls.create_shared_stream_producer(self.kwargs)
+                producer = self.trigger_cls.create_shared_stream_producer(self.kwargs)
+                self.producer = producer
+                self.message_id_of = _optional_hook(producer, "message_id")
         except Exception as exc:
             self.fail(exc)
             return False
@@ -538,6 +553,18 @@ class _Group:
                 pass
 
 
+def _optional_hook(producer: SharedStreamProducer, name: str) -> Any:
+    """acklane's optional producer method ``name``: None if absent or only the default.
+
+    Airflow's producers have none of acklane's additions (``open_batches``,
+    ``message_id``, ``counters``); that is not an error, and costs nothing per event.
+    """
+    hook = getattr(producer, name, None)
+    if hook is None or getattr(hook, "__func__", None) is getattr(SharedStreamProducer, name):
+        return None
+    return hook
+
+
 def _open_upstream(producer: SharedStreamProducer) -> tuple[AsyncIterator[Any], bool]:
     """The producer's batches if it offers them, else its stream (True: one pair per item).
 
@@ -545,7 +572,8 @@ def _open_upstream(producer: SharedStreamProducer) -> tuple[AsyncIterator[Any], 
     and makes each pair a batch of one itself, not in a wrapping generator (that would
     cost one more async generator step per raw event).
     """
-    batches = producer.open_batches()
+    open_batches = _optional_hook(producer, "open_batches")
+    batches = None if open_batches is None else open_batches()
     if batches is None:
         return producer.open_stream(), True
     return batches, False

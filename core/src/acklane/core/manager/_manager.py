@@ -31,16 +31,20 @@ class SharedStreamManager:
 
     def __init__(
         self,
+        *,
+        log: Any = None,
         max_subscriber_queue: int = 1024,
         ack_timeout: float = 300.0,
         cohort_grace_period: float = 0.0,
-        *,
         overflow: Literal["fail", "pause"] = "fail",
         on_advance: AdvanceObserver | None = None,
         on_subscriber_failed: FailureObserver | None = None,
         on_subscriber_leaving: LeaveObserver | None = None,
     ) -> None:
         _check_limits(max_subscriber_queue, ack_timeout, overflow)
+        #: Airflow's parameter (a bound logger), accepted so that code written for
+        #: Airflow's manager builds this one; acklane logs to ``acklane.core.manager``.
+        self.log = log
         self.max_subscriber_queue = max_subscriber_queue
         self.ack_timeout = ack_timeout
         self.cohort_grace_period = cohort_grace_period
@@ -61,14 +65,34 @@ class SharedStreamManager:
 
     # -- subscribing
 
-    async def subscribe(
+    def subscribe(
+        self, *, trigger_id: str, trigger: BaseEventTrigger, key: Hashable
+    ) -> AsyncIterator[Any]:
+        """Join the group of ``key`` and return this trigger's raw event stream.
+
+        Airflow's shape: the caller feeds the stream to ``trigger.filter_shared_stream``,
+        binds each event the filter yields (:meth:`bind_pending_event`), and calls
+        :meth:`unsubscribe` when done (closing the stream alone does not leave). The
+        checks run at once: a ``None`` key raises ``ValueError``, a trigger id already
+        subscribed to ``key`` ``RuntimeError``, differing stream settings ``ValueError``.
+        :meth:`events` is the form that runs the filter and leaves by itself.
+        """
+        return self._join((trigger_id, key), trigger).raw_stream()
+
+    async def events(
         self, *, trigger_id: str, trigger: BaseEventTrigger, key: Hashable
     ) -> AsyncGenerator[TriggerEvent, None]:
-        """Join the group of ``key`` and yield what this trigger's filter makes of it."""
+        """Join the group of ``key`` and yield what this trigger's filter makes of it.
+
+        acklane's form of :meth:`subscribe`: it runs the filter, and leaves the group
+        when closed or when the filter ends. A filter that raises (or is cancelled)
+        fails its subscriber out of what it holds (redelivered) instead of acking
+        the event it is on. The checks of :meth:`subscribe` run at the first step.
+        """
         sub_key = (trigger_id, key)
-        sub = self._join(sub_key, trigger)
+        raw_stream = self.subscribe(trigger_id=trigger_id, trigger=trigger, key=key)
+        sub = self._subs[sub_key]
         group = sub.group
-        raw_stream = sub.raw_stream()
         events = trigger.filter_shared_stream(raw_stream)
         how = "its consumer closed the subscription"
         try:
@@ -155,11 +179,21 @@ class SharedStreamManager:
             return group
         return None
 
-    async def unsubscribe(self, trigger_id: str, key: Hashable) -> None:
-        """Leave the group; the last one out stops its poll and waits for it to close."""
+    async def unsubscribe(
+        self, trigger_id: str, key: Hashable, *, error: BaseException | None = None
+    ) -> None:
+        """Leave the group; the last one out stops its poll and waits for it to close.
+
+        The event the subscriber is on counts as moved past (Airflow's rule), what it
+        has not pulled fails. With ``error`` (acklane's addition: the caller's filter
+        raised) it is failed out of everything it holds instead, so nothing it was
+        working on is acked.
+        """
         sub = self._subs.get((trigger_id, key))
         if sub is None:
             return
+        if error is not None and sub.failure is None and not sub.group.frozen:
+            sub.group.force_fail(sub, error)
         group = self._detach((trigger_id, key), sub)
         if group is not None:
             await self._finish(group)
@@ -204,9 +238,9 @@ class SharedStreamManager:
         group = sub.group
         if not group.acking:
             return None
-        producer = group.producer
+        message_id = group.message_id_of
         try:
-            mid = producer.message_id(entry.payload) if producer is not None else None
+            mid = message_id(entry.payload) if message_id is not None else None
         except Exception as exc:  # only costs dedupe of this event, never the event
             log.warning("message_id() failed key=%r: %r; stored without one", group.key, exc)
             mid = None
@@ -269,14 +303,17 @@ class SharedStreamManager:
         return {key: g.stats for key, g in self._groups.items()}
 
     def producer_counters(self) -> dict[Hashable, Mapping[str, float]]:
-        """Per live group, its producer's :meth:`~SharedStreamProducer.counters`."""
+        """Per live group, its producer's :meth:`~SharedStreamProducer.counters`.
+
+        A producer without the method (Airflow's) is left out, without a word.
+        """
         out: dict[Hashable, Mapping[str, float]] = {}
         for key, group in self._groups.items():
-            producer = group.producer
-            if producer is None:
+            counters = getattr(group.producer, "counters", None)
+            if counters is None:
                 continue
             try:
-                out[key] = producer.counters()
+                out[key] = counters()
             except Exception:  # a producer's bug must not break a metrics scrape
                 log.exception("producer counters failed key=%r", key)
         return out

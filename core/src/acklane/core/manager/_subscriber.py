@@ -7,11 +7,14 @@ order, so resolving the event it moves past is a pop and a counter decrement.
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections import deque
 from collections.abc import AsyncIterator
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
-from ..trigger import BaseEventTrigger, current_window
+from ..trigger import AIRFLOW_SHARED_STREAM, BaseEventTrigger, current_window
+from ._common import log
 from ._ledger import ACKED, REJECTED, _Entry
 
 if TYPE_CHECKING:
@@ -30,6 +33,51 @@ class _Binding:
         self.count = 0  # bound in total (the next yield's position)
         self.moved = False  # the subscriber moved past the raw event
         self.done = False  # this subscriber's resolution of the entry is settled
+
+
+class _AirflowWindow:
+    """What Airflow's ``reject_shared_stream_event()`` finds in its ContextVar, under acklane.
+
+    Set once per subscription, and only in a process that has loaded Airflow, so
+    that a filter written against Airflow's function rejects under acklane's
+    manager too. Airflow's function reads ``trigger_id`` and ``event_id`` (for its
+    log line) and calls ``group._reject_pending_event(...)``: this object is its
+    own ``group`` and resolves the subscriber's current event, whichever it is then.
+    """
+
+    __slots__ = ("sub",)
+
+    #: tells acklane's reject_shared_stream_event() this is not Airflow's own window
+    acklane_window = True
+
+    def __init__(self, sub: _Subscriber) -> None:
+        self.sub = sub
+
+    @property
+    def group(self) -> _AirflowWindow:
+        return self
+
+    @property
+    def trigger_id(self) -> str:
+        return self.sub.trigger_id
+
+    @property
+    def event_id(self) -> str | None:
+        entry = self.sub.current
+        return None if entry is None else self.sub.group._event_id(entry)
+
+    def _reject_pending_event(self, **_ids: Any) -> None:
+        if not self.sub.reject(None):
+            log.warning(
+                "reject_shared_stream_event() called outside a binding window; ignored "
+                "(fast path, standalone run(), or between two events)"
+            )
+
+
+def _airflow_reject_context() -> ContextVar[Any] | None:
+    """Airflow's reject ContextVar, if Airflow's module is loaded (it is never imported)."""
+    module = sys.modules.get(AIRFLOW_SHARED_STREAM)
+    return None if module is None else getattr(module, "_reject_context", None)
 
 
 class _Subscriber:
@@ -150,6 +198,12 @@ class _Subscriber:
         stats = group.stats
         acking = group.acking
         loop = asyncio.get_running_loop()
+        if acking:
+            # once per subscription, in the filter's task (nothing per event, nothing at
+            # all without Airflow): Airflow's reject finds this subscriber's window
+            airflow_context = _airflow_reject_context()
+            if airflow_context is not None:
+                airflow_context.set(_AirflowWindow(self))
         try:
             while True:
                 entry = self.current

@@ -52,7 +52,7 @@ from acklane.core.deadletter import (
     outcome_reason,
 )
 from acklane.core.errors import ConnectorError
-from acklane.core.producer import AdvanceItem, SharedStreamProducer
+from acklane.core.producer import AdvanceItem, SharedStreamProducer, reject_reasons_of
 
 from ._config import KafkaConfig
 from ._message import KafkaDelivery, KafkaMessage, id_prefix
@@ -794,7 +794,7 @@ class KafkaStreamProducer(SharedStreamProducer):
                 self.config.group_id,
                 item.broker_payload.message_id,
                 topic,
-                list(item.outcome.reject_reasons),
+                list(reject_reasons_of(item.outcome)),
             )
 
     def _dlq_producer(self) -> Any:
@@ -830,7 +830,7 @@ class KafkaStreamProducer(SharedStreamProducer):
                 "record=%s reasons=%s",
                 self.config.group_id,
                 item.broker_payload.message_id,
-                list(item.outcome.reject_reasons),
+                list(reject_reasons_of(item.outcome)),
             )
 
     def _commit(self, offsets: list[TopicPartition]) -> None:
