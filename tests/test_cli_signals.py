@@ -7,6 +7,7 @@ signal is sent while that import runs.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -30,7 +31,7 @@ def fire(message):
 """
 
 
-def _start(tmp_path: Path, seconds: float) -> tuple[subprocess.Popen[str], Path]:
+def _start(tmp_path: Path, seconds: float, *options: str) -> tuple[subprocess.Popen[str], Path]:
     (tmp_path / "slow_filters.py").write_text(SLOW_MODULE.format(seconds=seconds))
     db = tmp_path / "e.db"
     cfg = tmp_path / "p.yaml"
@@ -45,9 +46,13 @@ def _start(tmp_path: Path, seconds: float) -> tuple[subprocess.Popen[str], Path]
             """
         )
     )
-    env = {**os.environ, "PYTHONPATH": str(tmp_path), "COLUMNS": "200"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path]),
+        "COLUMNS": "200",
+    }
     proc = subprocess.Popen(
-        [sys.executable, "-m", "acklane.core.cli", "run", str(cfg)],
+        [sys.executable, "-m", "acklane.core.cli", *options, "run", str(cfg)],
         stderr=subprocess.PIPE,
         text=True,
         env=env,
@@ -134,3 +139,21 @@ def test_a_second_signal_during_start_up_exits_at_once(tmp_path: Path) -> None:
     assert proc.returncode == 128 + signal.SIGTERM, out
     assert "Second signal during start-up" in out
     assert "Traceback" not in out
+
+
+def test_global_options_before_run_keep_the_start_up_handlers(tmp_path: Path) -> None:
+    """``acklane --log-format json --log-level INFO run``: still ``run`` from the first line."""
+    proc, db = _start(tmp_path, 1.5, "--log-format", "json", "--log-level", "INFO")
+    try:
+        before = _wait_for(proc, "slow_filters: importing")
+        proc.send_signal(signal.SIGTERM)
+        out = before + proc.communicate(timeout=60)[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out
+    records = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    messages = [r["message"] for r in records]
+    assert "SIGTERM during start-up: stopping before the pipeline starts" in messages
+    assert "Stopped before the pipeline started: nothing to finish" in messages
+    assert not db.exists()

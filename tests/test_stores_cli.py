@@ -15,6 +15,15 @@ from acklane.core.stores import AssetStore, MetastoreBackend, TaskScope, TaskSto
 runner = CliRunner()
 
 
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    """An existing SQLite store: the CLI refuses a file that does not exist."""
+    url = f"sqlite:///{tmp_path / 'acklane.db'}"
+    with MetastoreBackend(url) as backend:
+        AssetStore("-", backend=backend).keys()
+    return url
+
+
 def store(*args: str, input: str | None = None) -> Any:
     """Run ``acklane store ARGS``; return the result."""
     return runner.invoke(app, list(args), input=input)
@@ -159,3 +168,32 @@ def test_a_bad_configuration_is_reported_with_its_file(tmp_path: Path) -> None:
     result = store("list", "--asset", "a", "-c", str(config))
     assert result.exit_code == 2
     assert str(config) in result.stderr
+
+
+def test_a_missing_sqlite_file_is_an_error_and_stays_missing(tmp_path: Path) -> None:
+    typo = tmp_path / "typo.db"
+    for args in (["list", "--asset", "a"], ["get", "k", "--task", "d/r/t"], ["gc"]):
+        result = store(*args, "--url", f"sqlite:///{typo}")
+        assert result.exit_code == 2, result.output
+        assert f"no SQLite database at {typo}" in result.stderr
+    assert not typo.exists()
+    ok("set", "k", "1", "--asset", "a", "--url", f"sqlite:///{typo}", "--create")
+    assert ok("get", "k", "--asset", "a", "--url", f"sqlite:///{typo}") == 1
+
+
+def test_a_database_password_never_shows_in_an_error() -> None:
+    url = "postgresql://acklane:Pa55w0rd-in-url@127.0.0.1:1/acklane"
+    result = store("list", "--asset", "a", "--url", url)
+    assert result.exit_code == 2
+    assert "Pa55w0rd" not in result.output
+    assert "acklane:***@127.0.0.1:1" in result.stderr
+
+
+def test_config_reads_only_the_store_section(tmp_path: Path, sqlite_url: str) -> None:
+    config = (
+        _config(tmp_path, sqlite_url)
+        .read_text()
+        .replace("topics: [orders]", 'topics: [orders], broker: "${UNSET_BROKER_PASSWORD}"')
+    )
+    (tmp_path / "acklane.yaml").write_text(config)
+    assert ok("list", "--asset", "a", "-c", str(tmp_path / "acklane.yaml")) == []

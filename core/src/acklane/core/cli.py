@@ -1,4 +1,10 @@
-"""The ``acklane`` command line: run, validate, demo, events, store, emulator."""
+"""The ``acklane`` command line: run, validate, config, demo, events, store, emulator.
+
+Global options (before the command): ``--version``, ``--log-level`` (or
+``ACKLANE_LOG_LEVEL``), ``--log-format`` (``ACKLANE_LOG_FORMAT``) and
+``--log-third-party`` (``ACKLANE_LOG_THIRD_PARTY``); see acklane.core.logs. Every
+output goes through acklane.core.redact.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +16,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Annotated, Any
 
 if TYPE_CHECKING:
+    from .config import AcklaneConfig, ConfigProblem
     from .runner import Runner
 
 log = logging.getLogger("acklane.core.cli")
@@ -64,10 +71,27 @@ class _StartupSignals:
             runner.request_stop()
 
 
+#: Options of the top-level app that take a value (skipped to find the command).
+_GLOBAL_VALUE_OPTIONS = ("--log-level", "--log-format", "--log-third-party")
+
+
+def _command_of(argv: list[str]) -> str | None:
+    """The command word of ``acklane [GLOBAL OPTIONS] COMMAND ...``."""
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in _GLOBAL_VALUE_OPTIONS:
+            skip = True
+        elif not arg.startswith("-"):
+            return arg
+    return None
+
+
 def _running_the_pipeline() -> bool:
     """True in the process of an ``acklane run`` command line (not when imported by others)."""
     main = __name__ == "__main__" or Path(sys.argv[0]).stem == "acklane"
-    return main and sys.argv[1:2] == ["run"]
+    return main and _command_of(sys.argv[1:]) == "run"
 
 
 # Before anything slow is imported: `acklane run` takes the signals over from here on.
@@ -77,13 +101,22 @@ if _running_the_pipeline():
     _startup.install()
 
 import asyncio  # noqa: E402 - after the signal handlers, on purpose
-from importlib.metadata import entry_points  # noqa: E402
+import json  # noqa: E402
+from enum import StrEnum  # noqa: E402
+from importlib.metadata import (  # noqa: E402
+    PackageNotFoundError,
+    distributions,
+    entry_points,
+    version,
+)
 
 import typer  # noqa: E402
 from rich.console import Console  # noqa: E402
-from rich.logging import RichHandler  # noqa: E402
 from rich.table import Table  # noqa: E402
 from rich.text import Text  # noqa: E402
+
+from .logs import LogFormat, LogLevel, configure_logging, restore_logging  # noqa: E402
+from .redact import guard_std_streams, redact, redact_url  # noqa: E402
 
 # The configuration (and what it imports: pydantic, SQLAlchemy, connectors) is imported
 # when a command needs it, not with this module.
@@ -92,41 +125,211 @@ app = typer.Typer(
     name="acklane",
     help="Consume message queues for event-driven pipelines without losing a message.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
+    # a traceback's local variables may hold a configuration's secrets
+    pretty_exceptions_show_locals=False,
 )
 console = Console()
-err_console = Console(stderr=True)
+err_console = Console(stderr=True, soft_wrap=True)
 
 ConfigArg = Annotated[Path, typer.Argument(help="The pipeline's YAML configuration.")]
-LogLevel = Annotated[str, typer.Option("--log-level", help="DEBUG, INFO, WARNING or ERROR.")]
+LogLevelOption = Annotated[
+    LogLevel | None,
+    typer.Option(
+        "--log-level",
+        case_sensitive=False,
+        help="Level of acklane's logs (overrides the global --log-level).",
+        show_default=False,
+    ),
+]
 
 
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(message)s",
-        datefmt="[%X]",
-        handlers=[RichHandler(console=err_console, rich_tracebacks=False, show_path=False)],
+class OutputFormat(StrEnum):
+    TEXT = "text"
+    JSON = "json"
+
+
+class ShowFormat(StrEnum):
+    YAML = "yaml"
+    JSON = "json"
+
+
+class _LogOptions:
+    """The global logging options, for commands that pick their own default level."""
+
+    level: LogLevel | None = None
+    log_format: LogFormat | None = None
+    third_party: LogLevel = LogLevel.WARNING
+
+
+def _setup_logging(own: LogLevel | None, default: LogLevel) -> None:
+    """Configure the logs: the command's --log-level, else the global one, else ``default``."""
+    configure_logging(
+        own or _LogOptions.level or default,
+        _LogOptions.log_format,
+        third_party=_LogOptions.third_party,
     )
 
 
-def _load(path: Path):  # type: ignore[no-untyped-def]
+def _error(message: str, *, title: str | None = None) -> None:
+    """An error for a person, on stderr, secrets masked, never wrapped."""
+    text = Text()
+    if title:
+        text.append(redact(title), style="red")
+        text.append("\n" if "\n" in message else ": ")
+    text.append(redact(message), style=None if title else "red")
+    err_console.print(text)
+
+
+def _version_text() -> str:
+    def of(name: str) -> str | None:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return None
+
+    core = of("acklane-core") or "unknown"
+    others = sorted(
+        f"{d.metadata['Name']} {d.version}"
+        for d in distributions()
+        if (d.metadata["Name"] or "").startswith("acklane-")
+        and d.metadata["Name"] not in ("acklane-core",)
+    )
+    parts = [f"acklane-core {core}", *others, f"Python {sys.version.split()[0]}"]
+    return f"acklane {of('acklane') or core} ({', '.join(parts)})"
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        typer.echo(_version_text())
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    ctx: typer.Context,
+    log_level: Annotated[
+        LogLevel | None,
+        typer.Option(
+            "--log-level",
+            envvar="ACKLANE_LOG_LEVEL",
+            case_sensitive=False,
+            help="Level of acklane's logs, for every command. "
+            "Default: INFO for run, WARNING otherwise.",
+            show_default=False,
+        ),
+    ] = None,
+    log_format: Annotated[
+        LogFormat | None,
+        typer.Option(
+            "--log-format",
+            envvar="ACKLANE_LOG_FORMAT",
+            case_sensitive=False,
+            help="rich (columns for a terminal), text (one line per record) or json "
+            "(one object per line). Default: rich on a terminal, text otherwise.",
+            show_default=False,
+        ),
+    ] = None,
+    log_third_party: Annotated[
+        LogLevel,
+        typer.Option(
+            "--log-third-party",
+            envvar="ACKLANE_LOG_THIRD_PARTY",
+            case_sensitive=False,
+            help="Level of other libraries' logs (aiosqlite, botocore, urllib3, asyncio, "
+            "sqlalchemy...).",
+        ),
+    ] = LogLevel.WARNING,
+    show_version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=_show_version,
+            is_eager=True,
+            help="Print acklane's version (and its installed distributions) and exit.",
+        ),
+    ] = False,
+) -> None:
+    """Consume message queues for event-driven pipelines without losing a message."""
+    _LogOptions.level = log_level
+    _LogOptions.log_format = log_format
+    _LogOptions.third_party = log_third_party
+    # Secrets known to the process are masked in everything written to stdout/stderr.
+    ctx.with_resource(guard_std_streams())
+    ctx.call_on_close(restore_logging)
+    _setup_logging(None, LogLevel.WARNING)
+
+
+def _load(path: Path) -> AcklaneConfig:
     from .config import ConfigError, load_config
 
     try:
         return load_config(path)
     except ConfigError as exc:
-        err_console.print(f"[red]invalid configuration[/]\n{exc}")
+        _error(str(exc), title="invalid configuration")
         raise typer.Exit(2) from None
-    except OSError as exc:
-        err_console.print(f"[red]cannot read {path}[/]: {exc.strerror or exc}")
-        raise typer.Exit(2) from None
+
+
+def _problem_document(problem: ConfigProblem) -> dict[str, Any]:
+    return {
+        "file": problem.source,
+        "line": problem.line,
+        "field": problem.path,
+        "message": problem.message,
+    }
 
 
 @app.command()
-def validate(config: ConfigArg) -> None:
-    """Check a configuration: every problem names the file, the line and the field."""
-    cfg = _load(config)
+def validate(
+    config: ConfigArg,
+    output: Annotated[
+        OutputFormat,
+        typer.Option(
+            "--format",
+            case_sensitive=False,
+            help="text: a table, or the problems on stderr; json: one document on stdout "
+            "with the problems as {file, line, field, message}.",
+        ),
+    ] = OutputFormat.TEXT,
+) -> None:
+    """Check a configuration: every problem names the file, the line and the field.
+
+    Exit code 0 when valid, 2 when not.
+    """
+    from .config import ConfigError, load_config
+
+    try:
+        cfg = load_config(config)
+    except ConfigError as exc:
+        if output is OutputFormat.JSON:
+            problems = [_problem_document(p) for p in exc.problems]
+            typer.echo(
+                redact(json.dumps({"file": str(config), "valid": False, "problems": problems}))
+            )
+        else:
+            _error(str(exc), title="invalid configuration")
+        raise typer.Exit(2) from None
+    keys = {cfg.streams[w.stream].key for w in cfg.watchers}
+    store = redact(redact_url(cfg.store.url))
+    if output is OutputFormat.JSON:
+        document = {
+            "file": str(config),
+            "valid": True,
+            "problems": [],
+            "store": store,
+            "upstream_polls": len(keys),
+            "watchers": [
+                {
+                    "name": w.name,
+                    "stream": w.stream,
+                    "shared_poll": cfg.streams[w.stream].describe(),
+                    "asset": w.asset,
+                }
+                for w in cfg.watchers
+            ],
+        }
+        typer.echo(redact(json.dumps(document)))
+        return
     table = Table(title=f"{config}: valid")
     table.add_column("watcher")
     table.add_column("stream")
@@ -134,33 +337,67 @@ def validate(config: ConfigArg) -> None:
     table.add_column("asset")
     for w in cfg.watchers:
         stream = cfg.streams[w.stream]
-        table.add_row(w.name, w.stream, stream.describe(), w.asset or "-")
+        table.add_row(w.name, w.stream, redact(stream.describe()), w.asset or "-")
     console.print(table)
-    keys = {cfg.streams[w.stream].key for w in cfg.watchers}
-    console.print(
-        f"{len(cfg.watchers)} watchers share {len(keys)} upstream poll(s); "
-        f"events stored in {cfg.store.url}"
+    summary = (
+        f"{len(cfg.watchers)} watchers share {len(keys)} upstream poll(s); events stored in {store}"
     )
+    console.print(Text(summary), soft_wrap=True)
+
+
+config_app = typer.Typer(
+    name="config",
+    help="Look at a configuration as acklane reads it.",
+    no_args_is_help=True,
+)
+app.add_typer(config_app, name="config")
+
+
+@config_app.command("show")
+def config_show(
+    config: ConfigArg,
+    output: Annotated[
+        ShowFormat, typer.Option("--format", case_sensitive=False, help="yaml or json.")
+    ] = ShowFormat.YAML,
+) -> None:
+    """Print the resolved configuration: defaults filled in, ${VAR}s substituted, secrets
+    masked as ***."""
+    from .config import config_document
+
+    document = config_document(_load(config))
+    if output is ShowFormat.JSON:
+        text = json.dumps(document, indent=2, ensure_ascii=False)
+    else:
+        import yaml
+
+        text = yaml.safe_dump(document, sort_keys=False, allow_unicode=True).rstrip("\n")
+    typer.echo(redact(text))
 
 
 @app.command()
-def run(config: ConfigArg, log_level: LogLevel = "INFO") -> None:
+def run(config: ConfigArg, log_level: LogLevelOption = None) -> None:
     """Run the pipeline until SIGINT/SIGTERM, then shut down gracefully."""
     global _startup
     startup, _startup = _startup or _StartupSignals(), None
     startup.install()  # first (a no-op when the module did it as it was imported)
     try:
-        _setup_logging(log_level)
+        _setup_logging(log_level, LogLevel.INFO)
         log.info("Starting the pipeline of %s", config)
         cfg = _load(config)
         from .metrics import start_metrics_server
         from .runner import Runner
 
-        runner = Runner(cfg)
-        startup.hand_over(runner)
-        if cfg.metrics.port is not None and not runner.stopping:
-            start_metrics_server(cfg.metrics.port, runner)
-        asyncio.run(runner.run())
+        try:
+            runner = Runner(cfg)
+            startup.hand_over(runner)
+            if cfg.metrics.port is not None and not runner.stopping:
+                start_metrics_server(cfg.metrics.port, runner)
+            asyncio.run(runner.run())
+        except Exception as exc:
+            # one record (and the traceback at DEBUG), not a screenful on stderr
+            log.error("acklane run failed: %s: %s", type(exc).__name__, exc)
+            log.debug("acklane run failed", exc_info=True)
+            raise typer.Exit(1) from None
     finally:
         startup.restore()
 
@@ -189,33 +426,33 @@ def demo(
         ),
     ] = "auto",
     log_level: Annotated[
-        str, typer.Option("--log-level", help="WARNING; DEBUG shows the broker's logs too.")
-    ] = "WARNING",
+        LogLevel | None,
+        typer.Option(
+            "--log-level",
+            case_sensitive=False,
+            help="Default WARNING; DEBUG shows the broker's logs too.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Run a demo pipeline on embedded defaults and show what becomes of each message."""
-    _setup_logging(log_level)
+    _setup_logging(log_level, LogLevel.WARNING)
     known = _demo_broker_names()
     if broker not in known:
-        err_console.print(
-            Text(f"--broker {broker!r}: no such demo broker (known: {', '.join(known)})"),
-            style="red",
-        )
+        _error(f"--broker {broker!r}: no such demo broker (known: {', '.join(known)})")
         raise typer.Exit(2)
     from .demo import UnknownDemoBroker, run_demo
 
     try:
         code = asyncio.run(run_demo(messages, console, broker))
     except UnknownDemoBroker as exc:
-        err_console.print(Text(str(exc)), style="red")
+        _error(str(exc))
         raise typer.Exit(2) from None
     except Exception as exc:
         log.debug("acklane demo --broker %s failed", broker, exc_info=True)
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        err_console.print(
-            Text(f"acklane demo --broker {broker} failed: {type(exc).__name__}: {first}"),
-            Text("(--log-level DEBUG shows the traceback)", style="dim"),
-            style="red",
-        )
+        _error(f"acklane demo --broker {broker} failed: {type(exc).__name__}: {first}")
+        err_console.print(Text("(--log-level DEBUG shows the traceback)", style="dim"))
         raise typer.Exit(1) from None
     raise typer.Exit(code)
 

@@ -1,7 +1,9 @@
 """``acklane events``: look at the trigger events the event store persisted.
 
 ``list`` shows stored events; ``tail`` follows new ones as they are committed.
-Both read the store named by ``--url`` or by the ``store.url`` of ``--config``.
+Both read the store named by ``--url`` or by the ``store.url`` of ``--config`` (only
+the ``store`` section of that file is read: a broker's unset variables do not
+matter). They never create a database. Messages mask secrets (acklane.core.redact).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from .events import EventReader, StoredEvent
 from .events._schema import TABLE_NAME
-from .events._store import display_url
+from .redact import redact, redact_url
 from .sql import DEFAULT_URL, async_engine
 
 __all__ = ["app"]
@@ -63,8 +65,13 @@ class _CliError(Exception):
     """A problem the user can fix; printed without a traceback."""
 
 
+def display_url(url: str) -> str:
+    """The URL without its password (nor secret-named query parameters)."""
+    return redact(redact_url(url))
+
+
 def _fail(message: str) -> NoReturn:
-    _err.print(Text(f"error: {message}", style="red"), soft_wrap=True)
+    _err.print(Text(redact(f"error: {message}"), style="red"), soft_wrap=True)
     raise typer.Exit(1)
 
 
@@ -76,7 +83,8 @@ def resolve_url(url: str | None, config: Path | None) -> str:
         return url or DEFAULT_URL
     try:
         module: Any = importlib.import_module("acklane.core.config")
-        load_config = module.load_config
+        # only the store section (older versions: the whole file)
+        load_config = getattr(module, "load_store_config", None) or module.load_config
     except (ImportError, AttributeError) as exc:
         raise _CliError(
             f"--config needs acklane.core.config.load_config, which is not available "
@@ -98,14 +106,14 @@ def _check_url(url: str) -> None:
     try:
         parsed = make_url(url)
     except Exception as exc:
-        raise _CliError(f"invalid URL {url!r}: {exc}") from None
+        raise _CliError(f"invalid URL {display_url(url)!r}: {exc}") from None
     backend = parsed.get_backend_name()
     if backend not in ("sqlite", "postgresql"):
         raise _CliError(f"unsupported URL {display_url(url)}: use sqlite:// or postgresql://")
     database = parsed.database
     in_memory = database in (None, "", ":memory:")
     if backend == "sqlite" and not in_memory and not Path(str(database)).exists():
-        raise _CliError(f"no SQLite database at {database}")
+        raise _CliError(f"no SQLite database at {database} (acklane run creates it)")
 
 
 async def _open_reader(url: str) -> tuple[EventReader, AsyncEngine]:

@@ -2,7 +2,12 @@
 
 Values go in and come out as JSON text, one document per command, so the
 commands compose with ``jq`` and scripts. Errors go to stderr with exit code 2
-(1 for ``get`` of a missing key without ``--default``).
+(1 for ``get`` of a missing key without ``--default``), secrets masked
+(acklane.core.redact).
+
+``--config`` reads only the ``store`` and ``state`` sections of the file (a broker's
+unset variables do not matter). A SQLite file that does not exist is an error, not
+a new empty database, except for ``set --create``.
 """
 
 from __future__ import annotations
@@ -17,8 +22,10 @@ from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
+from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
+from .redact import redact, redact_url
 from .stores import (
     NEVER_EXPIRE,
     AssetStore,
@@ -66,9 +73,38 @@ AssetOpt = Annotated[
 KeyArg = Annotated[str, typer.Argument(help="The key.")]
 
 
+CreateOpt = Annotated[
+    bool,
+    typer.Option(
+        "--create",
+        help="Create the SQLite database if its file does not exist (else an error).",
+    ),
+]
+
+
 def _fail(message: str, code: int = 2) -> NoReturn:
-    typer.echo(f"error: {message}", err=True)
+    typer.echo(redact(f"error: {message}"), err=True)
     raise typer.Exit(code)
+
+
+def _check_sqlite_file(url: str, create: bool) -> None:
+    """Refuse a SQLite file that does not exist (a typo), unless asked to create it."""
+    try:
+        parsed = make_url(url)
+    except Exception:
+        return  # open_backend says what is wrong with it
+    if parsed.get_backend_name() != "sqlite" or create:
+        return
+    database = parsed.database
+    if database in (None, "", ":memory:") or parsed.query.get("mode") == "memory":
+        return
+    if str(database).startswith("file:"):
+        return  # a SQLite URI: its own rules
+    if not Path(str(database)).exists():
+        _fail(
+            f"no SQLite database at {database} (acklane run creates it; "
+            "`acklane store set --create` creates an empty one)"
+        )
 
 
 def _emit(document: Any) -> None:
@@ -77,11 +113,11 @@ def _emit(document: Any) -> None:
 
 def _load_settings(config: Path) -> tuple[str, StateStoreSettings]:
     try:
-        from .config import load_config
+        from .config import load_store_config
     except ImportError as exc:
         _fail(f"--config needs acklane.core.config, which cannot be imported ({exc}); use --url")
     try:
-        loaded = load_config(config)
+        loaded = load_store_config(config)
     except ValueError as exc:  # ConfigError: names the file, the line and the field
         _fail(str(exc))
     return loaded.store.url, loaded.state
@@ -89,7 +125,7 @@ def _load_settings(config: Path) -> tuple[str, StateStoreSettings]:
 
 @contextmanager
 def _opened(
-    config: Path | None, url: str | None, offload_dir: str | None
+    config: Path | None, url: str | None, offload_dir: str | None, *, create: bool = False
 ) -> Iterator[StateBackend]:
     if config is not None and url is not None:
         _fail("give --config or --url, not both")
@@ -101,6 +137,7 @@ def _opened(
         store_url, settings = url, StateStoreSettings(offload_dir=offload_dir)
     else:
         _fail("name the store: --config PATH (the YAML's store.url) or --url URL")
+    _check_sqlite_file(store_url, create)
     try:
         backend = open_backend(store_url, settings)
     except ValueError as exc:
@@ -110,7 +147,7 @@ def _opened(
     except (StateStoreError, ValueError, TypeError) as exc:
         _fail(str(exc))
     except SQLAlchemyError as exc:
-        _fail(f"store {store_url!r}: {getattr(exc, 'orig', None) or exc}")
+        _fail(f"store {redact_url(store_url)!r}: {getattr(exc, 'orig', None) or exc}")
     finally:
         backend.close()
 
@@ -221,6 +258,7 @@ def set_command(
     config: ConfigOpt = None,
     url: UrlOpt = None,
     offload_dir: OffloadOpt = None,
+    create: CreateOpt = False,
 ) -> None:
     """Set KEY to the JSON VALUE (an upsert)."""
     text = sys.stdin.read() if value == "-" else value
@@ -228,7 +266,7 @@ def set_command(
     if retention is not None and asset is not None:
         _fail("--retention applies to the task store only; asset keys live until the asset goes")
     keep = _parse_retention(retention)
-    with _opened(config, url, offload_dir) as backend:
+    with _opened(config, url, offload_dir, create=create) as backend:
         store = _accessor(backend, task, asset)
         if isinstance(store, TaskStore):
             store.set(key, parsed, retention=keep)

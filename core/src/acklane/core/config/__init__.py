@@ -15,7 +15,13 @@ The package's modules, one concept each: ``_errors`` (the problem and error
 types), ``_models`` (the pydantic models of the YAML sections), ``_result`` (the
 validated configuration), ``_yaml`` (YAML with line numbers), ``_substitution``
 (``${NAME}``), ``_messages`` (pydantic errors as sentences) and ``_parse``
-(:func:`load_config` and :func:`parse_config`). Import from here, not from them.
+(:func:`load_config` and :func:`parse_config`; :func:`load_store_config` reads only
+the ``store`` and ``state`` sections) and ``_show`` (the resolved configuration with
+its secrets masked). Import from here, not from them.
+
+Loading registers the file's secrets with :mod:`acklane.core.redact` (SecretStr
+fields, secret-like keys, URL passwords, ``${VAR}`` with secret-like names), and no
+:class:`ConfigError` message holds one.
 """
 
 from ._errors import ConfigError, ConfigProblem, Loc, format_path
@@ -26,8 +32,9 @@ from ._models import (
     StoreSettings,
     WatcherSettings,
 )
-from ._parse import load_config, parse_config
-from ._result import AcklaneConfig, StreamConfig, WatcherConfig
+from ._parse import load_config, load_store_config, parse_config, parse_store_config
+from ._result import AcklaneConfig, StoreConfig, StreamConfig, WatcherConfig
+from ._show import config_document
 
 __all__ = [
     "NAME_PATTERN",
@@ -37,11 +44,15 @@ __all__ = [
     "EngineSettings",
     "Loc",
     "MetricsSettings",
+    "StoreConfig",
     "StoreSettings",
     "StreamConfig",
     "WatcherConfig",
     "WatcherSettings",
+    "config_document",
     "format_path",
     "load_config",
+    "load_store_config",
     "parse_config",
+    "parse_store_config",
 ]

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
+from ..redact import redact_url
 from ..sql import DEFAULT_URL
 
 #: Stream and watcher names (watcher names are trigger ids, stream names label metrics).
@@ -50,6 +52,10 @@ class StoreSettings(_Settings):
 
     url: str = Field(default=DEFAULT_URL, min_length=1)
     commit_interval_ms: float = Field(default=2.0, ge=0)
+
+    def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
+        for name, value in super().__repr_args__():
+            yield name, redact_url(value) if name == "url" and isinstance(value, str) else value
 
     @field_validator("url")
     @classmethod

@@ -6,15 +6,17 @@ import difflib
 import os
 from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Final, NamedTuple
+from typing import Any, Final, NamedTuple, NoReturn
 
 from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
 
 from ..connectors import UnknownConnector, available_connectors, load_connector
 from ..filters import FilterSpec, FilterSpecError, compile_filter
+from ..redact import redact, remember, secrets_in
 from ..stores.settings import StateStoreSettings
 from ._errors import ConfigError, ConfigProblem, Loc
-from ._messages import _describe, _got
+from ._messages import _describe, _field_names, _got, _model_at
 from ._models import (
     _NAME_RE,
     _NAME_RULE,
@@ -26,7 +28,7 @@ from ._models import (
     WatcherSettings,
     _Settings,
 )
-from ._result import AcklaneConfig, StreamConfig, WatcherConfig
+from ._result import AcklaneConfig, StoreConfig, StreamConfig, WatcherConfig
 from ._yaml import _Reader
 
 #: Connectors acklane ships as extras, for the install hint.
@@ -40,18 +42,162 @@ def _report(
     prefix: Loc = (),
     extra: Sequence[str] = (),
 ) -> None:
-    for error in exc.errors():
+    _report_errors(reader, exc.errors(), root, prefix, extra)
+
+
+def _report_errors(
+    reader: _Reader,
+    errors: Sequence[ErrorDetails],
+    root: type[BaseModel],
+    prefix: Loc = (),
+    extra: Sequence[str] = (),
+    *,
+    at: Loc | None = None,
+) -> int:
+    """Report each of pydantic's errors once, as a sentence at its line; returns how many.
+
+    The members of a union each fail on a wrong value (``bool``, ``int``, ``str``...):
+    their errors are merged into one, ``expected true or false, an integer or a
+    string, got a list``. ``at`` reports them all at that location instead of theirs.
+    """
+    described: list[tuple[Loc, str, Any]] = []
+    for error in errors:
         loc: Loc = tuple(p for p in error["loc"] if p != "[key]")
-        reader.problem((*prefix, *loc), _describe(error, root, loc, extra))
+        message = _describe(error, root, loc, extra)
+        described.append((loc, message, error.get("input")))
+    count = 0
+    for loc, message in _merge_union_members(described, root):
+        if at is not None:
+            loc = at
+        reader.problem((*prefix, *loc), message)
+        count += 1
+    return count
 
 
-def load_config(
-    path: str | os.PathLike[str], *, env: Mapping[str, str] | None = None
-) -> AcklaneConfig:
-    """Read and validate a YAML configuration file; raises :class:`ConfigError`."""
+def _merge_union_members(
+    described: list[tuple[Loc, str, Any]], root: type[BaseModel]
+) -> list[tuple[Loc, str]]:
+    """Errors of one value's union members (one input, tags that are not fields) as one."""
+    groups: dict[Loc, list[tuple[Loc, str, Any]]] = {}
+    for item in described:
+        loc = item[0]
+        if loc and isinstance(loc[-1], str):
+            groups.setdefault(loc[:-1], []).append(item)
+    merged: dict[Loc, str] = {}
+    for parent, items in groups.items():
+        if len(items) < 2:
+            continue
+        model = _model_at(root, parent)
+        fields = set() if model is None else set(_field_names(model)) | set(model.model_fields)
+        first_input = items[0][2]
+        members = all(i[2] is first_input and i[0][-1] not in fields for i in items)
+        shaped = all(i[1].startswith("expected ") and ", got " in i[1] for i in items)
+        wanted = list(
+            dict.fromkeys(i[1][len("expected ") : i[1].rindex(", got ")] for i in items if shaped)
+        )
+        if not (members and shaped and len(wanted) > 1):
+            continue
+        got = items[0][1][items[0][1].rindex(", got ") + len(", got ") :]
+        either = ", ".join(wanted[:-1]) + f" or {wanted[-1]}"
+        merged[parent] = f"expected {either}, got {got}"
+    out: list[tuple[Loc, str]] = []
+    done: set[Loc] = set()
+    for loc, message, _ in described:
+        parent = loc[:-1]
+        if loc and parent in merged:
+            if parent not in done:
+                done.add(parent)
+                out.append((parent, merged[parent]))
+            continue
+        if (loc, message) not in out:
+            out.append((loc, message))
+    return out
+
+
+def _split_mapping_errors(
+    reader: _Reader,
+    exc: ValidationError,
+    model: type[BaseModel],
+    options: Mapping[str, Any],
+    prefix: Loc,
+    extra: Sequence[str],
+) -> None:
+    """Report a connector block's errors, each bad key of a mapping field on its own.
+
+    A validator of a mapping field (Kafka's ``client:``) stops at the first bad key.
+    For such an error the block is validated again with that field holding one key at
+    a time, so that every bad key is reported, at its own line; an error that no
+    single key causes is reported as it was.
+    """
+    rest: list[ErrorDetails] = []
+    for error in exc.errors():
+        loc = tuple(error["loc"])
+        value = options.get(str(loc[0])) if len(loc) == 1 else None
+        if not (isinstance(value, dict) and value):
+            rest.append(error)
+            continue
+        field = loc[0]
+        found = 0
+        for key, item in value.items():
+            try:
+                model.model_validate({**options, field: {key: item}})
+            except ValidationError as one:
+                own = [e for e in one.errors() if tuple(e["loc"]) == (field,)]
+                found += _report_errors(reader, own, model, prefix, extra, at=(field, key))
+        if not found:
+            rest.append(error)
+    if rest:
+        _report_errors(reader, rest, model, prefix, extra)
+
+
+def _secret_fields(model: type[BaseModel]) -> list[str]:
+    """The fields of ``model`` typed SecretStr (possibly optional)."""
+    names = []
+    for name, field in model.model_fields.items():
+        if "SecretStr" in repr(field.annotation) or "SecretBytes" in repr(field.annotation):
+            names.append(field.alias or name)
+    return names
+
+
+def _raise(reader: _Reader, data: Any = None) -> NoReturn:
+    """Raise the problems found, with every secret of the file masked in them."""
+    _remember_secrets(reader, data)
+    problems = [p._replace(message=redact(p.message)) for p in reader.problems]
+    raise ConfigError(list(dict.fromkeys(problems)))
+
+
+def _remember_secrets(reader: _Reader, data: Any, *more: str) -> frozenset[str]:
+    found = set(reader.secrets) | set(more)
+    if data is not None:
+        found.update(secrets_in(data))
+    found.discard("")
+    remember(found)
+    return frozenset(found)
+
+
+def _read(text: str, source: str, env: Mapping[str, str] | None) -> tuple[_Reader, dict[Any, Any]]:
+    """The document as a mapping, or a ConfigError."""
+    reader = _Reader(text, source, os.environ if env is None else env)
+    data = reader.read()
+    if reader.problems and data is None:
+        _raise(reader)
+    if data is None:
+        reader.problem(
+            (), "the configuration is empty; expected a mapping with streams and watchers"
+        )
+        _raise(reader)
+    if not isinstance(data, dict):
+        reader.problem(
+            (), f"expected a mapping with streams and watchers at the top, got {_got(data)}"
+        )
+        _raise(reader, data)
+    return reader, data
+
+
+def _read_file(path: str | os.PathLike[str]) -> tuple[str, str]:
     source = os.fspath(path)
     try:
-        text = Path(source).read_text(encoding="utf-8")
+        return source, Path(source).read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(
             [
@@ -64,28 +210,58 @@ def load_config(
         raise ConfigError(
             [ConfigProblem(source, None, "", f"the configuration is not UTF-8 text: {exc}")]
         ) from None
+
+
+def load_config(
+    path: str | os.PathLike[str], *, env: Mapping[str, str] | None = None
+) -> AcklaneConfig:
+    """Read and validate a YAML configuration file; raises :class:`ConfigError`."""
+    source, text = _read_file(path)
     return parse_config(text, source=source, env=env)
+
+
+def load_store_config(
+    path: str | os.PathLike[str], *, env: Mapping[str, str] | None = None
+) -> StoreConfig:
+    """Read only the ``store`` and ``state`` sections of a configuration file.
+
+    For the commands that only open the database (``acklane events``, ``acklane
+    store``): the streams' variables (a broker's credentials) need not be set, and
+    problems elsewhere in the file are not reported. Raises :class:`ConfigError`.
+    """
+    source, text = _read_file(path)
+    return parse_store_config(text, source=source, env=env)
+
+
+def parse_store_config(
+    text: str, *, source: str = "<string>", env: Mapping[str, str] | None = None
+) -> StoreConfig:
+    """:func:`load_store_config` of YAML text."""
+    reader, data = _read(text, source, env)
+    wanted = ("store", "state")
+    # Problems of other sections (an unset broker password...) are not ours to report.
+    kept = [
+        (loc, p)
+        for loc, p in zip(reader.problem_locs, reader.problems, strict=True)
+        if not loc or loc[0] in wanted
+    ]
+    reader.problem_locs = [loc for loc, _ in kept]
+    reader.problems = [p for _, p in kept]
+    part = {k: data[k] for k in wanted if k in data}
+    store = _section(reader, data, "store", StoreSettings)
+    state = _state(reader, _mapping(reader, data, "state", required=False) or {})
+    if reader.problems:
+        _raise(reader, part)
+    assert isinstance(store, StoreSettings)
+    secrets = _remember_secrets(reader, part)
+    return StoreConfig(source=source, store=store, state=state, secrets=secrets)
 
 
 def parse_config(
     text: str, *, source: str = "<string>", env: Mapping[str, str] | None = None
 ) -> AcklaneConfig:
     """Validate a configuration given as YAML text; ``source`` names it in errors."""
-    reader = _Reader(text, source, os.environ if env is None else env)
-    data = reader.read()
-    if reader.problems and data is None:
-        raise ConfigError(reader.problems)
-    if data is None:
-        reader.problem(
-            (), "the configuration is empty; expected a mapping with streams and watchers"
-        )
-        raise ConfigError(reader.problems)
-    if not isinstance(data, dict):
-        reader.problem(
-            (), f"expected a mapping with streams and watchers at the top, got {_got(data)}"
-        )
-        raise ConfigError(reader.problems)
-
+    reader, data = _read(text, source, env)
     for key in data:
         if isinstance(key, str) and key.startswith("x-"):
             continue  # extension fields: a place for YAML anchors, ignored
@@ -104,11 +280,14 @@ def parse_config(
     watchers = _watchers(reader, watcher_entries, streams, known_streams=list(stream_blocks))
     state = _state(reader, state_raw or {})
     if reader.problems:
-        raise ConfigError(reader.problems)
+        _raise(reader, data)
     engine, store, metrics = sections["engine"], sections["store"], sections["metrics"]
     assert isinstance(engine, EngineSettings)
     assert isinstance(store, StoreSettings)
     assert isinstance(metrics, MetricsSettings)
+    secrets = _remember_secrets(
+        reader, data, *(s for stream in streams.values() for s in secrets_in(stream.config))
+    )
     return AcklaneConfig(
         source=source,
         engine=engine,
@@ -117,6 +296,7 @@ def parse_config(
         metrics=metrics,
         streams=streams,
         watchers=tuple(watchers),
+        secrets=secrets,
     )
 
 
@@ -244,10 +424,14 @@ def _streams(reader: _Reader, blocks: Mapping[str, dict[str, Any]]) -> dict[str,
             )
             continue
         options = {k: v for k, v in block.items() if k != "connector"}
+        model = connector.config_model
+        reader.secrets.update(
+            str(options[field]) for field in _secret_fields(model) if options.get(field)
+        )
         try:
-            config = connector.config_model.model_validate(options)
+            config = model.model_validate(options)
         except ValidationError as exc:
-            _report(reader, exc, connector.config_model, loc, extra=("connector",))
+            _split_mapping_errors(reader, exc, model, options, loc, ("connector",))
             continue
         stream = StreamConfig(name, connector_name, connector, config, options, reader.line_of(loc))
         try:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel
@@ -24,7 +24,7 @@ class StreamConfig:
     config: BaseModel
     #: The block as written (variables substituted), without ``connector``: JSON-able,
     #: what a watcher carries so that the connector can validate it again.
-    options: dict[str, Any]
+    options: dict[str, Any] = field(repr=False)
     line: int | None = None
 
     @property
@@ -60,9 +60,21 @@ class AcklaneConfig:
     metrics: MetricsSettings
     streams: Mapping[str, StreamConfig]
     watchers: tuple[WatcherConfig, ...]
+    #: The secret values of the file (acklane.core.redact's rule), masked in all output.
+    secrets: frozenset[str] = field(default=frozenset(), repr=False)
 
     def watcher(self, name: str) -> WatcherConfig:
         for w in self.watchers:
             if w.name == name:
                 return w
         raise KeyError(f"no watcher named {name!r} in {self.source}")
+
+
+@dataclass(frozen=True, slots=True)
+class StoreConfig:
+    """The ``store`` and ``state`` sections alone (:func:`load_store_config`)."""
+
+    source: str
+    store: StoreSettings
+    state: StateStoreSettings
+    secrets: frozenset[str] = field(default=frozenset(), repr=False)

@@ -9,11 +9,18 @@ _VARIABLE = re.compile(r"\$(\$?)\{([^{}]*)\}")
 _VARIABLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-def substitute(value: str, env: Mapping[str, str], report: Callable[[str], None]) -> str:
+def substitute(
+    value: str,
+    env: Mapping[str, str],
+    report: Callable[[str], None],
+    used: Callable[[str, str], None] | None = None,
+) -> str:
     """``value`` with its variables replaced from ``env``; ``$${`` writes a literal ``${``.
 
     A reference that cannot be resolved is left as written and ``report`` is called
     with the problem, so that all of a file's problems are found in one pass.
+    ``used(name, text)`` is called with each variable that was read and the text it
+    put in (its value, or its default), so that secrets can be told apart.
     """
 
     def replace(match: re.Match[str]) -> str:
@@ -29,8 +36,12 @@ def substitute(value: str, env: Mapping[str, str], report: Callable[[str], None]
             return match.group(0)
         current = env.get(name)
         if current:
+            if used is not None:
+                used(name, current)
             return current
         if sep:
+            if used is not None:
+                used(name, default)
             return default
         if current is None:
             report(

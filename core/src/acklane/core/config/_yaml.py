@@ -7,6 +7,7 @@ from typing import Any
 
 import yaml
 
+from ..redact import is_secret_name
 from ._errors import ConfigProblem, Loc, format_path
 from ._substitution import substitute
 
@@ -32,6 +33,13 @@ class _Reader:
         self.env = env
         self.lines: dict[Loc, int] = {}
         self.problems: list[ConfigProblem] = []
+        #: The location of each problem, in the order of ``problems``.
+        self.problem_locs: list[Loc] = []
+        #: Values that came from a ``${VAR}`` with a secret-like name.
+        self.secrets: set[str] = set()
+        #: Where a ``${VAR}`` could not be resolved: what is said about the value there
+        #: afterwards (a wrong type...) is a consequence, not another problem.
+        self.unresolved: set[Loc] = set()
         self._active: set[int] = set()
 
     # locations and problems
@@ -45,7 +53,15 @@ class _Reader:
                 return line
             loc = loc[:-1]
 
+    def consequence(self, loc: Loc) -> bool:
+        """Whether a problem at ``loc`` follows from an unresolved variable."""
+        return any(loc[: len(u)] == u for u in self.unresolved)
+
     def problem(self, loc: Loc, message: str, *, line: int | None = None) -> None:
+        loc = tuple(loc)
+        if self.consequence(loc):
+            return
+        self.problem_locs.append(loc)
         self.problems.append(
             ConfigProblem(
                 self.source,
@@ -111,12 +127,19 @@ class _Reader:
             value = self._loader.construct_object(node, deep=True)
             if isinstance(value, str) and "$" in value:
                 line = node.start_mark.line + 1
-                value = substitute(
-                    value, self.env, lambda message: self.problem(loc, message, line=line)
-                )
+                unresolved: list[str] = []
+                value = substitute(value, self.env, unresolved.append, used=self._note_variable)
+                for message in unresolved:
+                    self.problem(loc, message, line=line)
+                if unresolved:
+                    self.unresolved.add(tuple(loc))
             return value
         finally:
             self._active.discard(id(node))
+
+    def _note_variable(self, name: str, text: str) -> None:
+        if is_secret_name(name):
+            self.secrets.add(text)
 
     def _build_mapping(self, node: yaml.MappingNode, loc: Loc) -> dict[Any, Any]:
         own = {id(k) for k, _ in node.value if k.tag != "tag:yaml.org,2002:merge"}

@@ -1,0 +1,410 @@
+"""No secret of a configuration reaches any output of any command, at any log level.
+
+Secrets are planted through ``${VAR}`` in every field that can hold one (the store
+URL's password, every SecretStr field of the connectors, Kafka ``client:`` and
+``dlq_client:`` properties, a value from a variable with a secret-like name), and
+the stdout and stderr of every command are scanned for them: ``validate`` (text and
+JSON), ``config show`` (YAML and JSON), ``events list``/``tail``, ``store
+list``/``get``, and ``run`` (a real process with the memory, Kafka and SQS
+connectors), in every log format and at every level, on their error paths too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+from sqlalchemy.engine import make_url
+from typer.testing import CliRunner
+
+from acklane.core import redact
+from acklane.core.cli import app
+from acklane.core.connectors import available_connectors, load_connector
+
+#: Variable -> planted secret. The names are neutral where another rule must catch the
+#: value (a SecretStr field, a secret-like key); PGPASS and BROKER_SECRET are caught by
+#: their names (and the URL rule).
+SECRETS = {
+    "PGPASS": "PLANTED01-PgSecret99",
+    "BROKER_SECRET": "PLANTED02-memory-broker",
+    "K1": "PLANTED03-kafka-sasl",
+    "K2": "PLANTED04-kafka-ssl-key-password",
+    "K3": "PLANTED05-kafka-keystore-password",
+    "K4": "PLANTED06-----BEGIN PRIVATE KEY-----",
+    "K5": "PLANTED07-kafka-client-sasl",
+    "K6": "PLANTED08-kafka-oauth-client-secret",
+    "K7": "PLANTED09-kafka-dlq-ssl-key-password",
+    "A1": "PLANTED10AWSKEYID",
+    "A2": "PLANTED11-aws-secret-access-key",
+    "A3": "PLANTED12-aws-session-token",
+    "SB1": "Endpoint=sb://acklane-test.servicebus.windows.net/;"
+    "SharedAccessKeyName=RootManageSharedAccessKey;SharedAccessKey=PLANTED13sbkey=",
+}
+#: Every planted value holds this word: output holding it has (part of) a secret.
+MARKER = "PLANTED"
+
+#: The SecretStr fields planted below, per connector.
+PLANTED_FIELDS = {
+    ("kafka", "sasl_password"),
+    ("kafka", "ssl_key_password"),
+    ("kafka", "ssl_keystore_password"),
+    ("kafka", "ssl_key_pem"),
+    ("sqs", "aws_access_key_id"),
+    ("sqs", "aws_secret_access_key"),
+    ("sqs", "aws_session_token"),
+    ("servicebus", "connection_string"),
+}
+
+STREAMS = """\
+streams:
+  m: {connector: memory, broker: "${BROKER_SECRET}", topics: [t]}
+  typed:
+    connector: kafka
+    bootstrap_servers: 127.0.0.1:1
+    topics: [t]
+    group_id: g1
+    security_protocol: SASL_SSL
+    sasl_mechanism: PLAIN
+    sasl_username: u
+    sasl_password: ${K1}
+    ssl_key_password: ${K2}
+    ssl_keystore_password: ${K3}
+    ssl_key_pem: ${K4}
+  free:
+    connector: kafka
+    bootstrap_servers: 127.0.0.1:1
+    topics: [t2]
+    group_id: g2
+    client:
+      security.protocol: SASL_PLAINTEXT
+      sasl.mechanism: PLAIN
+      sasl.username: u
+      sasl.password: ${K5}
+      sasl.oauthbearer.client.secret: ${K6}
+    dlq_client:
+      ssl.key.password: ${K7}
+  q:
+    connector: sqs
+    queue_name: q
+    region: us-east-1
+    endpoint_url: http://127.0.0.1:1
+    aws_access_key_id: ${A1}
+    aws_secret_access_key: ${A2}
+    aws_session_token: ${A3}
+watchers:
+  - {name: wm, stream: m}
+  - {name: wt, stream: typed}
+  - {name: wf, stream: free}
+  - {name: wq, stream: q}
+"""
+
+#: The store's password comes from ${PGPASS}; port 1 refuses connections (error paths).
+UNREACHABLE_STORE = 'store: {url: "postgresql://postgres:${PGPASS}@127.0.0.1:1/acklane"}\n'
+ENGINE = "engine: {shutdown_timeout: 3, restart_backoff_initial: 0.2, restart_backoff_max: 1}\n"
+
+
+@pytest.fixture(autouse=True)
+def _planted(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in SECRETS.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("COLUMNS", "80")
+
+
+def _leaks(text: str) -> list[str]:
+    return [line for line in text.splitlines() if MARKER in line]
+
+
+def _servicebus() -> str:
+    """A Service Bus stream, when that connector is installed (not in ``run``: it would
+    look for Azure)."""
+    try:
+        load_connector("servicebus")
+    except Exception:
+        return ""
+    return "  sb:\n    connector: servicebus\n    connection_string: ${SB1}\n    queue: q\n"
+
+
+def _write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def _configs(tmp_path: Path) -> dict[str, Path]:
+    streams = STREAMS.replace("watchers:\n", _servicebus() + "watchers:\n")
+    valid = _write(tmp_path, "valid.yaml", ENGINE + UNREACHABLE_STORE + streams)
+    # the same secrets, in a file with problems: a secret in a number field, a bad
+    # client key holding a secret, a missing variable
+    broken = (ENGINE + UNREACHABLE_STORE + streams).replace(
+        "shutdown_timeout: 3", "shutdown_timeout: ${PGPASS}"
+    )
+    broken = broken.replace("      sasl.mechanism: PLAIN\n", "      Bad.Key: ${K5}\n")
+    broken = broken.replace("group_id: g2", "group_id: ${UNSET_VARIABLE_FOR_THE_TEST}")
+    return {"valid": valid, "broken": _write(tmp_path, "broken.yaml", broken)}
+
+
+URL_WITH_PASSWORD = "postgresql://postgres:PgSecret99-store@127.0.0.1:1/acklane"
+
+COMMANDS = [
+    ["validate", "{cfg}"],
+    ["validate", "--format", "json", "{cfg}"],
+    ["config", "show", "{cfg}"],
+    ["config", "show", "--format", "json", "{cfg}"],
+    ["events", "list", "--config", "{cfg}"],
+    ["events", "tail", "--config", "{cfg}"],
+    ["store", "list", "--asset", "a", "--config", "{cfg}"],
+    ["store", "get", "k", "--task", "d/r/t", "--config", "{cfg}"],
+    ["store", "set", "k", "1", "--task", "d/r/t", "--create", "--config", "{cfg}"],
+    ["run", "{cfg}"],  # with the broken file only: refused before anything starts
+]
+
+
+LEVELS_AND_FORMATS = [
+    ("DEBUG", "text"),
+    ("DEBUG", "json"),
+    ("DEBUG", "rich"),
+    ("INFO", "text"),
+    ("WARNING", "json"),
+    ("ERROR", "text"),
+]
+
+
+@pytest.mark.parametrize(("level", "log_format"), LEVELS_AND_FORMATS)
+def test_no_command_prints_a_secret(tmp_path: Path, level: str, log_format: str) -> None:
+    configs = _configs(tmp_path)
+    runs: list[tuple[list[str], Any]] = []
+    for which, cfg in configs.items():
+        for command in COMMANDS:
+            if command[0] == "run" and which == "valid":
+                continue  # run for real: test_run_prints_no_secret
+            args = [a.replace("{cfg}", str(cfg)) for a in command]
+            result = CliRunner().invoke(
+                app, ["--log-level", level, "--log-format", log_format, *args]
+            )
+            runs.append((args, result))
+    for args in (
+        ["events", "list", "--url", URL_WITH_PASSWORD],
+        ["store", "list", "--asset", "a", "--url", URL_WITH_PASSWORD],
+    ):
+        # a password typed on the command line is masked too (the URL rule)
+        runs.append((args, CliRunner().invoke(app, ["--log-level", level, *args])))
+    for args, result in runs:
+        output = result.stdout + result.stderr
+        assert result.exception is None or isinstance(result.exception, SystemExit), (
+            args,
+            output,
+        )
+        assert not _leaks(output), (args, _leaks(output), output)
+    # and the commands did say something: the secrets were masked, not the messages
+    texts = {" ".join(args[:3]): r.stdout + r.stderr for args, r in runs}
+    assert any("***" in t for t in texts.values())
+    shown = "\n".join(r.stdout for args, r in runs if args[:2] == ["config", "show"])
+    assert "sasl.password: '***'" in shown and "aws_secret_access_key: '***'" in shown
+
+
+def test_every_secret_field_of_the_installed_connectors_is_planted() -> None:
+    """A connector that gains a SecretStr field must have it planted above."""
+
+    def secret_fields(model: type[BaseModel], prefix: str = "") -> set[str]:
+        found = set()
+        for name, field in model.model_fields.items():
+            annotation = repr(field.annotation)
+            if "SecretStr" in annotation or "SecretBytes" in annotation:
+                found.add(prefix + name)
+            sub = field.annotation
+            if isinstance(sub, type) and issubclass(sub, BaseModel):
+                found |= secret_fields(sub, f"{prefix}{name}.")
+        return found
+
+    seen = set()
+    for name in available_connectors():
+        try:
+            connector = load_connector(name)
+        except Exception:  # a connector that cannot load cannot be configured either
+            continue
+        seen |= {(name, field) for field in secret_fields(connector.config_model)}
+    assert seen <= PLANTED_FIELDS, f"plant these in STREAMS too: {sorted(seen - PLANTED_FIELDS)}"
+    assert {("kafka", "sasl_password"), ("sqs", "aws_secret_access_key")} <= seen
+
+
+def _store_url(tmp_path: Path) -> str:
+    """The test PostgreSQL (a schema of this test's) with ${PGPASS} as its password,
+    else an unreachable server (the run then fails: an error path to scan as well)."""
+    base = os.environ.get("ACKLANE_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
+    try:
+        import psycopg
+
+        with psycopg.connect(base, connect_timeout=3, autocommit=True) as conn:
+            schema = f"secrets_{tmp_path.name[-12:].replace('-', '_')}_{os.getpid()}"
+            conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
+    except Exception:
+        return UNREACHABLE_STORE
+    url = make_url(base).set(password="PGPASS_PLACEHOLDER")
+    url = url.update_query_dict({"options": f"-csearch_path={schema}"})
+    text = url.render_as_string(hide_password=False).replace("PGPASS_PLACEHOLDER", "${PGPASS}")
+    return f"store: {{url: {json.dumps(text)}}}\n"
+
+
+def _drop_schema(store_line: str) -> None:
+    if "search_path" not in store_line:
+        return
+    import psycopg
+
+    schema = store_line.split("search_path%3D")[-1].split('"')[0].split("&")[0]
+    base = os.environ.get("ACKLANE_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
+    with psycopg.connect(base, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+@pytest.mark.timeout(240)
+def test_run_prints_no_secret(tmp_path: Path) -> None:
+    """``acklane run`` for a few seconds with the memory, Kafka and SQS connectors (the
+    brokers unreachable: their errors are logged), in every format and at every level,
+    third-party logs included at DEBUG; then SIGTERM."""
+    store = _store_url(tmp_path)
+    cfg = _write(tmp_path, "run.yaml", ENGINE + store + STREAMS)
+    variants = [
+        ("DEBUG", "text", "DEBUG"),
+        ("DEBUG", "json", "DEBUG"),
+        ("INFO", "rich", "WARNING"),
+        ("WARNING", "text", "WARNING"),
+        ("ERROR", "json", "WARNING"),
+    ]
+    env = {**os.environ, **SECRETS, "COLUMNS": "120"}
+    procs = []
+    try:
+        for level, log_format, third in variants:
+            args = ["--log-level", level, "--log-format", log_format, "--log-third-party", third]
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "acklane.core.cli", *args, "run", str(cfg)],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                    env=env,
+                )
+            )
+        lines: list[list[str]] = [[] for _ in procs]
+        readers = [
+            threading.Thread(target=lambda p=p, out=out: out.extend(p.stdout), daemon=True)
+            for p, out in zip(procs, lines, strict=True)
+        ]
+        for reader in readers:
+            reader.start()
+        deadline = time.monotonic() + 90
+        talkative = [i for i, v in enumerate(variants) if v[0] in ("DEBUG", "INFO")]
+        while time.monotonic() < deadline and not all(
+            procs[i].poll() is not None or "Watching" in "".join(lines[i]) for i in talkative
+        ):
+            time.sleep(0.1)
+        time.sleep(3)  # the connectors try their brokers, fail, and say so
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            # an unreachable Kafka cluster holds the exit ~20 s past shutdown_timeout
+            proc.wait(timeout=120)
+        for reader in readers:
+            reader.join(timeout=10)
+        outputs = ["".join(out) for out in lines]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+        _drop_schema(store)
+    for (level, log_format, _), output in zip(variants, outputs, strict=True):
+        assert not _leaks(output), (level, log_format, _leaks(output), output)
+    assert "Starting the pipeline" in outputs[0]
+    if "search_path" in store:  # the store was reachable: the pipeline ran
+        assert "Watching" in outputs[0], outputs[0]
+        assert "Kafka" in outputs[0] or "kafka" in outputs[0], outputs[0]
+
+
+# -- the redaction rule itself ----------------------------------------------------------
+
+
+def test_the_rule_masks_url_passwords_and_secret_named_pairs() -> None:
+    text = (
+        "postgresql://u:pw0rd@h/db?password=qs-secret&sslmode=require "
+        "Endpoint=sb://x/;SharedAccessKeyName=root;SharedAccessKey=azkey123= "
+        "{'sasl.password': 'kafka-pw', 'group.id': 'g'} token=abc123"
+    )
+    masked = redact.redact(text)
+    for secret in ("pw0rd", "qs-secret", "azkey123", "kafka-pw", "abc123"):
+        assert secret not in masked
+    assert "SharedAccessKeyName=root" in masked and "'group.id': 'g'" in masked
+    assert "sslmode=require" in masked
+
+
+def test_registered_secrets_are_masked_in_every_escaped_form() -> None:
+    secret = 'quote"and\\slash'
+    redact.remember([secret])
+    assert secret not in redact.redact_known(f"x {secret} y")
+    assert json.dumps(secret)[1:-1] not in redact.redact_known(json.dumps({"v": secret}))
+    assert repr(secret)[1:-1] not in redact.redact_known(repr({"v": secret}))
+
+
+def test_short_values_are_not_searched_for_in_free_text() -> None:
+    redact.remember(["abc"])
+    assert redact.redact_known("abc 1234") == "abc 1234"
+
+
+@pytest.mark.parametrize(
+    ("name", "secret"),
+    [
+        ("PGPASS", True),
+        ("AWS_SECRET", True),
+        ("sasl.password", True),
+        ("ssl_key_pem", True),
+        ("sasl.oauthbearer.client.secret", True),
+        ("connection_string", True),
+        ("api_key", True),
+        ("ssl_key_location", False),
+        ("sasl.oauthbearer.token.endpoint.url", False),
+        ("group_id", False),
+        ("ACKLANE_STORE_URL", False),
+    ],
+)
+def test_secret_like_names(name: str, secret: bool) -> None:
+    assert redact.is_secret_name(name) is secret
+
+
+def test_a_stream_wrapped_by_the_guard_masks_known_secrets(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    redact.remember(["guarded-secret-value"])
+    with redact.guard_std_streams():
+        print("value: guarded-secret-value")
+        sys.stderr.write("err guarded-secret-value\n")
+    out, err = capsys.readouterr()
+    assert "guarded-secret-value" not in out + err
+    assert "value: ***" in out
+
+
+def test_the_validate_summary_of_the_reviewers_report(tmp_path: Path) -> None:
+    """The reviewer's case: ``events stored in postgresql://postgres:PgSecret99@...``."""
+    cfg = _write(
+        tmp_path,
+        "p.yaml",
+        textwrap.dedent(
+            """\
+            store: {url: "postgresql://postgres:${PGPASS}@db.example:5432/acklane"}
+            streams: {s: {connector: memory, topics: [t]}}
+            watchers: [{name: w, stream: s}]
+            """
+        ),
+    )
+    result = CliRunner().invoke(app, ["validate", str(cfg)])
+    assert result.exit_code == 0, result.output
+    assert "events stored in postgresql://postgres:***@db.example:5432/acklane" in result.stdout
+    assert MARKER not in result.stdout
