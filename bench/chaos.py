@@ -1,7 +1,8 @@
 """Chaos: SIGKILL ``acklane run`` at random moments; no trigger event lost, none stored twice.
 
-For each broker with an emulator (Kafka on tansu, SQS on moto; the official
-images under Docker with ``ACKLANE_EMULATOR_BACKEND=docker``):
+For each broker with an emulator (Kafka on tansu, SQS on moto, Pub/Sub on
+acklane's own emulator in relaxed mode, Service Bus on acklane's AMQP emulator;
+the official images under Docker with ``ACKLANE_EMULATOR_BACKEND=docker``):
 
 1. start the emulator, create the stream's topic/queue and its dead-letter one;
 2. write a pipeline (SQLite event store in a temporary directory, three
@@ -24,7 +25,10 @@ images under Docker with ``ACKLANE_EMULATOR_BACKEND=docker``):
 4. once the last chunk is produced, wait until every expected trigger event is
    stored and the broker is fully advanced (Kafka: the group's committed offset
    of each partition equals the records produced to it; SQS: the queue is empty
-   with nothing in flight), stop the runner with SIGTERM, and count:
+   with nothing in flight; Pub/Sub: the subscription has nothing unacked, leased
+   or not, read with the emulator's inspection call, not a pull; Service Bus:
+   the queue holds no message and no lock, from the emulator's admin counts),
+   stop the runner with SIGTERM, and count:
 
    - ``lost``: expected ``(watcher, id)`` pairs missing from the store (by the
      ``id`` in the payload, not the broker's message id). Expected is what the
@@ -166,6 +170,8 @@ class BrokerAdapter:
     """What the chaos run needs of one broker; one subclass per connector."""
 
     name: ClassVar[str]
+    #: Options of ``emulator_for`` when the command starts the emulator itself.
+    emulator_options: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, emulator: Emulator) -> None:
         self.emulator = emulator
@@ -360,7 +366,193 @@ class SqsAdapter(BrokerAdapter):
         client.close()
 
 
-ADAPTERS: dict[str, type[BrokerAdapter]] = {a.name: a for a in (KafkaAdapter, SqsAdapter)}
+class PubSubAdapter(BrokerAdapter):
+    """``PubSubKit`` (asyncio) on a loop of the adapter's own: the chaos driver is synchronous.
+
+    "Fully advanced" is read with the emulator's inspection call (``PubSubKit.stats``:
+    every message acked, none leased), never by pulling, which would lease messages
+    away from the runner. Google's emulator has no such call: there the check pulls
+    what is visible and nacks it at once (leased messages cannot be seen).
+    """
+
+    name = "pubsub"
+    emulator_options: ClassVar[dict[str, Any]] = {"relaxed": True}
+
+    def _run(self, coroutine: Any) -> Any:
+        return self.loop.run_until_complete(coroutine)
+
+    def prepare(self) -> None:
+        import asyncio
+
+        from acklane.integration.pubsub import PubSubKit
+
+        self.loop = asyncio.new_event_loop()
+        self.kit = self._run(PubSubKit(self.emulator.client_settings()).__aenter__())
+        # A killed runner's leases lapse after this; 10 s is the service's minimum.
+        self.deadline = 2 if getattr(self.emulator, "relaxed", False) else 10
+        self.topic = self._run(self.kit.create_topic("chaos"))
+        self.dlq = self._run(self.kit.create_topic("chaos-dlq"))
+        self.subscription = self._run(
+            self.kit.create_subscription(self.topic, "chaos-sub", ack_deadline=self.deadline)
+        )
+        # Created before anything is dead-lettered: it gets every copy.
+        self.dlq_reader = self._run(
+            self.kit.create_subscription(self.dlq, "chaos-dlq-reader", ack_deadline=60)
+        )
+        self.inspectable = True
+
+    def stream_block(self) -> dict[str, Any]:
+        return {
+            "connector": "pubsub",
+            **self.emulator.client_settings(),  # project, emulator_host
+            "subscription": self.subscription,
+            "dead_letter_topic": self.dlq,
+            "max_messages": 8,  # several acks per chunk: more moments to kill at
+            "ack_deadline": self.deadline,
+        }
+
+    def produce(self, bodies: Sequence[str]) -> None:
+        self._run(self.kit.publish(self.topic, bodies))
+
+    def _stats(self, subscription: str) -> dict[str, int] | None:
+        if not self.inspectable:
+            return None
+        try:
+            return dict(self._run(self.kit.stats(subscription)))
+        except Exception as exc:
+            if "UNIMPLEMENTED" not in repr(exc) and "Method not found" not in str(exc):
+                raise
+            self.inspectable = False
+            return None
+
+    def advanced(self) -> tuple[bool, str]:
+        stats = self._stats(self.subscription)
+        if stats is not None:
+            return stats["backlog"] == 0, (
+                f"unacked {stats['backlog']} (leased {stats['leased']}, delayed {stats['delayed']})"
+            )
+        from google.pubsub_v1 import types
+
+        request = types.PullRequest(
+            subscription=self.subscription, max_messages=1000, return_immediately=True
+        )
+        received = self._run(self.kit.subscriber.pull(request=request)).received_messages
+        if received:
+            self._run(
+                self.kit.subscriber.modify_ack_deadline(
+                    subscription=self.subscription,
+                    ack_ids=[r.ack_id for r in received],
+                    ack_deadline_seconds=0,
+                )
+            )
+        return not received, f"visible {len(received)} (leased ones not visible)"
+
+    def dlq_ids(self, expected: set[str], timeout: float) -> Counter[str]:
+        seen: Counter[str] = Counter()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if expected <= seen.keys():
+                stats = self._stats(self.dlq_reader)
+                if stats is not None and stats["backlog"] == 0:
+                    break  # nothing more, not even extra copies
+            received = self._run(self.kit.pull(self.dlq_reader, max_messages=1000, ack=True))
+            for r in received:
+                seen[_body_id(r.message.data)] += 1
+            if not received and expected <= seen.keys():
+                break
+        return seen
+
+    def close(self) -> None:
+        kit = getattr(self, "kit", None)
+        if kit is not None:
+            with contextlib.suppress(Exception):
+                self._run(kit.__aexit__(None, None, None))
+        loop = getattr(self, "loop", None)
+        if loop is not None:
+            loop.close()
+
+
+class ServiceBusAdapter(BrokerAdapter):
+    """acklane's Service Bus emulator through the official SDK (sync): a queue whose
+    dead-letter sub-queue receives the rejects."""
+
+    name = "servicebus"
+    LOCK_DURATION = 3  # seconds: what a killed runner left locked comes back quickly
+    #: Kills make redeliveries; Service Bus must not dead-letter a message for them.
+    MAX_DELIVERY_COUNT = 1000
+
+    def prepare(self) -> None:
+        from acklane.integration.servicebus import ServiceBusKit
+
+        self.connection_string = str(self.emulator.client_settings()["connection_string"])
+        self.kit = ServiceBusKit(self.connection_string)
+        admin: Any = self.emulator  # the local emulator's admin calls
+        self.queue = admin.create_queue(
+            f"chaos-{uuid.uuid4().hex[:12]}",
+            lock_duration=self.LOCK_DURATION,
+            max_delivery_count=self.MAX_DELIVERY_COUNT,
+        )
+
+    def stream_block(self) -> dict[str, Any]:
+        return {
+            "connector": "servicebus",
+            "connection_string": self.connection_string,
+            "queue": self.queue,
+            "max_wait_time": 1,
+            "max_batch": 10,
+            "prefetch": 10,
+        }
+
+    def produce(self, bodies: Sequence[str]) -> None:
+        from azure.servicebus import ServiceBusClient, ServiceBusMessage
+
+        with (
+            ServiceBusClient.from_connection_string(self.connection_string) as client,
+            client.get_queue_sender(self.queue) as sender,
+        ):
+            for start in range(0, len(bodies), 50):
+                sender.send_messages([ServiceBusMessage(b) for b in bodies[start : start + 50]])
+
+    def advanced(self) -> tuple[bool, str]:
+        admin: Any = self.emulator
+        counts = admin.counts(self.queue)
+        done = (counts["messages"], counts["locked"]) == (0, 0)
+        return done, (
+            f"messages {counts['messages']}, locked {counts['locked']}, "
+            f"dead-lettered {counts['dead_letter']}"
+        )
+
+    def dlq_ids(self, expected: set[str], timeout: float) -> Counter[str]:
+        from azure.servicebus import ServiceBusClient
+
+        seen: Counter[str] = Counter()
+        deadline = time.monotonic() + timeout
+        with (
+            ServiceBusClient.from_connection_string(self.connection_string) as client,
+            client.get_queue_receiver(self.queue, sub_queue="deadletter") as receiver,
+        ):
+            while True:
+                seen.clear()  # peek reads the whole sub-queue again: count each copy once
+                start = 0
+                while batch := receiver.peek_messages(max_message_count=250, sequence_number=start):
+                    for message in batch:
+                        seen[_body_id(b"".join(message.body))] += 1
+                    start = max(m.sequence_number for m in batch) + 1
+                if expected <= seen.keys() or time.monotonic() >= deadline:
+                    return seen
+                time.sleep(0.2)
+
+    def close(self) -> None:
+        queue = getattr(self, "queue", None)
+        if queue is not None:
+            admin: Any = self.emulator
+            with contextlib.suppress(Exception):
+                admin.delete_entity(queue)
+
+
+ADAPTERS: dict[str, type[BrokerAdapter]] = {
+    a.name: a for a in (KafkaAdapter, SqsAdapter, PubSubAdapter, ServiceBusAdapter)
+}
 
 
 # -- the runner process and the store -----------------------------------------------------
@@ -689,7 +881,7 @@ def run_broker(
 
 @contextlib.contextmanager
 def started_emulator(broker: str) -> Iterator[Emulator]:
-    emulator = emulator_for(broker)
+    emulator = emulator_for(broker, **ADAPTERS[broker].emulator_options)
     emulator.start()
     try:
         yield emulator

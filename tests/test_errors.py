@@ -47,6 +47,8 @@ BRANCHES: dict[str, type[AcklaneError]] = {
     "acklane.connectors.kafka._producer.KafkaAdvanceError": ConnectorError,
     "acklane.connectors.sqs._producer.SqsConnectorError": ConnectorError,
     "acklane.connectors.sqs._producer.SqsAdvanceError": ConnectorError,
+    "acklane.connectors.pubsub._producer.PubSubConnectorError": ConnectorError,
+    "acklane.connectors.servicebus._producer.ServiceBusConnectorError": ConnectorError,
     # state stores
     "acklane.core.stores._errors.InvalidKeyError": StateStoreError,
     "acklane.core.stores._errors.InvalidValueError": StateStoreError,

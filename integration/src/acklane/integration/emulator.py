@@ -36,6 +36,8 @@ BACKEND_ENV = "ACKLANE_EMULATOR_BACKEND"
 BROKERS: dict[str, str] = {
     "kafka": "acklane.integration.kafka",
     "sqs": "acklane.integration.sqs",
+    "servicebus": "acklane.integration.servicebus",
+    "pubsub": "acklane.integration.pubsub",
 }
 
 

@@ -7,11 +7,12 @@ test session; tests isolate themselves with their own topics/queues.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
 
-from .emulator import Emulator, emulator_for
+from .emulator import BACKEND_ENV, Emulator, emulator_for
 
 
 def _session_emulator(broker: str) -> Iterator[Emulator]:
@@ -33,3 +34,25 @@ def kafka_emulator() -> Iterator[Emulator]:
 def sqs_emulator() -> Iterator[Emulator]:
     """An SQS endpoint: moto's server locally, LocalStack under Docker."""
     yield from _session_emulator("sqs")
+
+
+@pytest.fixture(scope="session")
+def pubsub_emulator() -> Iterator[Emulator]:
+    """A Pub/Sub endpoint: acklane's emulator in relaxed mode (ack deadlines from 1 s).
+
+    Google's image only when ``ACKLANE_EMULATOR_BACKEND=docker`` says so: it has no
+    relaxed mode, and the fast tests' short deadlines need one.
+    """
+    backend = "docker" if os.environ.get(BACKEND_ENV, "").strip().lower() == "docker" else "local"
+    emulator = emulator_for("pubsub", backend, relaxed=True)
+    emulator.start()
+    try:
+        yield emulator
+    finally:
+        emulator.stop()
+
+
+@pytest.fixture(scope="session")
+def servicebus_emulator() -> Iterator[Emulator]:
+    """An Azure Service Bus namespace: acklane's emulator locally, Microsoft's under Docker."""
+    yield from _session_emulator("servicebus")

@@ -1,0 +1,108 @@
+"""The YAML block of an Azure Service Bus stream, validated before anything connects."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Hashable
+from typing import Any, Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+
+__all__ = ["ServiceBusConfig", "namespace_of"]
+
+_ENDPOINT = re.compile(r"(?:^|;)\s*Endpoint\s*=\s*sb://([^/;]+)", re.IGNORECASE)
+
+
+def namespace_of(connection_string: str) -> str:
+    """The namespace host (``name.servicebus.windows.net``, ``localhost:5672``) of a
+    connection string; never any part of its key."""
+    match = _ENDPOINT.search(connection_string)
+    if not match:
+        raise ValueError("connection_string: no 'Endpoint=sb://<namespace>' in it")
+    return match.group(1).strip().lower()
+
+
+class ServiceBusConfig(BaseModel):
+    """One Service Bus stream: a queue, or a topic's subscription, and how to consume it.
+
+    The namespace (from ``connection_string`` or ``fully_qualified_namespace``) and the
+    entity (``queue``, or ``topic`` + ``subscription``) pick the upstream and form the
+    shared stream key; everything else is tuning. Write the connection string as
+    ``${ENV_VAR}``: it holds the key, and is never printed.
+    """
+
+    # hide_input_in_errors: a refused block must not print its connection string.
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
+
+    connection_string: SecretStr | None = None
+    fully_qualified_namespace: str | None = None
+    #: With ``fully_qualified_namespace``: ``default`` is azure-identity's
+    #: DefaultAzureCredential (install ``azure-identity``).
+    credential: Literal["default"] | None = None
+
+    queue: str | None = None
+    topic: str | None = None
+    subscription: str | None = None
+
+    #: The entity is session-enabled: the lane is the session id.
+    sessions: bool = False
+    #: Sessions accepted at once (each a receiver holding its session's lock).
+    max_sessions: int = Field(default=4, ge=1, le=256)
+    #: Seconds an accepted session stays with nothing to deliver before it is let go.
+    session_idle_timeout: float = Field(default=5.0, gt=0)
+    prefetch: int = Field(default=20, ge=0, le=10_000)
+    #: Most messages per receive call.
+    max_batch: int = Field(default=20, ge=1, le=1000)
+    #: Seconds a receive call waits for a first message.
+    max_wait_time: float = Field(default=5.0, gt=0, le=300)
+    #: Seconds a message's lock is renewed at most (then it may lapse: redelivery).
+    max_lock_renewal: float = Field(default=3600.0, ge=0)
+    #: Seconds between lock-renewal passes (default: a quarter of the first lock seen).
+    renew_interval: float | None = Field(default=None, gt=0)
+    #: Passed to ``ServiceBusClient`` as keyword arguments (``retry_total``, ...).
+    client_options: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("connection_string", "fully_qualified_namespace", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: Any) -> Any:
+        return None if value == "" else value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        if (self.connection_string is None) == (self.fully_qualified_namespace is None):
+            raise ValueError("connection_string / fully_qualified_namespace: give exactly one")
+        if self.fully_qualified_namespace is not None and self.credential is None:
+            raise ValueError("fully_qualified_namespace: needs credential: default")
+        if self.connection_string is not None:
+            namespace_of(self.connection_string.get_secret_value())
+        if (self.queue is None) == (self.topic is None):
+            raise ValueError("queue / topic: give exactly one of them")
+        if self.topic is not None and not self.subscription:
+            raise ValueError("topic: needs subscription")
+        if self.queue is not None and self.subscription is not None:
+            raise ValueError("subscription: only with topic")
+        if "receive_mode" in self.client_options or "prefetch_count" in self.client_options:
+            raise ValueError("client_options: receive_mode / prefetch_count are the connector's")
+        return self
+
+    @property
+    def namespace(self) -> str:
+        if self.fully_qualified_namespace is not None:
+            return self.fully_qualified_namespace.strip().lower()
+        assert self.connection_string is not None
+        return namespace_of(self.connection_string.get_secret_value())
+
+    @property
+    def entity(self) -> str:
+        """``queue`` or ``topic/Subscriptions/subscription``."""
+        if self.queue is not None:
+            return self.queue
+        return f"{self.topic}/Subscriptions/{self.subscription}"
+
+    def stream_key(self) -> tuple[Hashable, ...]:
+        """``("servicebus", namespace, entity)``: never the secret."""
+        return ("servicebus", self.namespace, self.entity.lower())
+
+    def describe(self) -> str:
+        sessions = f" sessions={self.max_sessions}" if self.sessions else ""
+        return f"servicebus {self.namespace} entity={self.entity}{sessions}"

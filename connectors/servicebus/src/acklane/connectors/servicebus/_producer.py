@@ -1,0 +1,453 @@
+"""The Service Bus side of the ack channel: peek-lock receive, renew, settle."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncGenerator, Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusReceiveMode
+from azure.servicebus.aio import ServiceBusClient, ServiceBusReceiver
+from azure.servicebus.exceptions import (
+    MessageLockLostError,
+    OperationTimeoutError,
+    ServiceBusError,
+    SessionLockLostError,
+)
+
+from acklane.core.connectors import Action, Verdict, verdict
+from acklane.core.deadletter import bounded_text, outcome_reason
+from acklane.core.errors import ConnectorError
+from acklane.core.message import RawMessage
+from acklane.core.producer import AdvanceItem, SharedStreamProducer
+
+from ._config import ServiceBusConfig
+
+__all__ = ["ServiceBusDelivery", "ServiceBusRecord", "ServiceBusStreamProducer"]
+
+log = logging.getLogger("acklane.connectors.servicebus")
+
+#: Service Bus limits a DeadLetterErrorDescription to 4096 characters; keep well under.
+_DESCRIPTION_MAX_BYTES = 1024
+_LOCK_LOST = (MessageLockLostError, SessionLockLostError)
+
+
+class ServiceBusConnectorError(ConnectorError, RuntimeError):
+    """The namespace or the entity cannot be used."""
+
+
+@dataclass(slots=True)
+class ServiceBusRecord(RawMessage):
+    """One received message, as filters see it: the raw record's fields.
+
+    ``attributes`` are the application properties as strings; ``key`` the session id;
+    ``message_id`` the sender's ``MessageId``; ``delivery_attempt`` the delivery count
+    (0 on the first delivery).
+    """
+
+    sequence_number: int = 0
+    enqueued_time: datetime | None = None
+    session_id: str | None = None
+    application_properties: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def delivery_count(self) -> int:
+        return self.delivery_attempt or 0
+
+
+@dataclass(slots=True, eq=False)
+class ServiceBusDelivery:
+    """The broker payload: the SDK message and the receiver that must settle it."""
+
+    message: Any
+    receiver: ServiceBusReceiver
+    identity: str
+    session_id: str | None
+    received_at: float
+    settled: bool = False
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    return str(value)
+
+
+class ServiceBusStreamProducer(SharedStreamProducer):
+    """One group's poll of one queue or subscription, with the async ``azure-servicebus`` SDK.
+
+    Lanes: the session id on session-enabled entities (a failed message holds its
+    session), the message itself otherwise. Every outstanding message's lock (or
+    its session's lock) is renewed until the engine resolves it.
+    """
+
+    def __init__(self, config: ServiceBusConfig) -> None:
+        self.config = config
+        self.completed = 0
+        self.abandoned = 0
+        self.dead_lettered = 0
+        self.renewed = 0
+        self.lock_lost = 0
+        self.delivered = 0
+        self._client: ServiceBusClient | None = None
+        self._outstanding: dict[int, ServiceBusDelivery] = {}
+        self._receivers: set[ServiceBusReceiver] = set()
+        #: Open session receivers, each with the event that lets its session go.
+        self._sessions: dict[ServiceBusReceiver, asyncio.Event] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._queue: asyncio.Queue[tuple[ServiceBusRecord, ServiceBusDelivery] | BaseException]
+        self._queue = asyncio.Queue()
+        self._opened = False
+        self._closed = False
+
+    # ------------------------------------------------------------------ stream
+
+    def _make_client(self) -> ServiceBusClient:
+        cfg = self.config
+        options = dict(cfg.client_options)
+        if cfg.connection_string is not None:
+            return ServiceBusClient.from_connection_string(
+                cfg.connection_string.get_secret_value(), **options
+            )
+        from azure.identity.aio import DefaultAzureCredential  # optional dependency
+
+        assert cfg.fully_qualified_namespace is not None
+        return ServiceBusClient(cfg.fully_qualified_namespace, DefaultAzureCredential(), **options)
+
+    def _receiver(self, session: bool) -> ServiceBusReceiver:
+        cfg = self.config
+        assert self._client is not None
+        kwargs: dict[str, Any] = {
+            "receive_mode": ServiceBusReceiveMode.PEEK_LOCK,
+            "prefetch_count": cfg.prefetch,
+        }
+        if session:
+            kwargs["session_id"] = NEXT_AVAILABLE_SESSION
+            kwargs["max_wait_time"] = cfg.max_wait_time
+        if cfg.queue is not None:
+            return self._client.get_queue_receiver(cfg.queue, **kwargs)
+        assert cfg.topic is not None and cfg.subscription is not None
+        return self._client.get_subscription_receiver(cfg.topic, cfg.subscription, **kwargs)
+
+    async def open_stream(
+        self,
+    ) -> AsyncGenerator[tuple[ServiceBusRecord, ServiceBusDelivery], None]:
+        if self._opened:
+            raise RuntimeError(f"{self.config.describe()}: open_stream() may be called once")
+        self._opened = True
+        self._client = self._make_client()
+        workers = self.config.max_sessions if self.config.sessions else 1
+        for n in range(workers):
+            self._tasks.append(
+                asyncio.create_task(self._receive_loop(), name=f"acklane servicebus receive {n}")
+            )
+        self._tasks.append(asyncio.create_task(self._renew_loop(), name="acklane servicebus renew"))
+        while True:
+            item = await self._queue.get()
+            if isinstance(item, BaseException):
+                raise item
+            self.delivered += 1
+            yield item
+
+    async def _receive_loop(self) -> None:
+        try:
+            if self.config.sessions:
+                while True:
+                    await self._one_session()
+            else:
+                receiver = self._receiver(session=False)
+                self._receivers.add(receiver)
+                async with receiver:
+                    while True:
+                        await self._receive_batch(receiver, None)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            log.error("%s: receive failed: %r; the group will fail", self.config.describe(), exc)
+            self._queue.put_nowait(exc)
+
+    async def _one_session(self) -> None:
+        receiver = self._receiver(session=True)
+        try:
+            await receiver.__aenter__()
+        except OperationTimeoutError:
+            return  # no session available within max_wait_time: ask again
+        self._receivers.add(receiver)
+        release = self._sessions[receiver] = asyncio.Event()
+        session_id = receiver.session.session_id
+        idle_since = time.monotonic()
+        try:
+            while not release.is_set():
+                got = await self._receive_or_release(receiver, session_id, release)
+                mine = any(d.receiver is receiver for d in self._outstanding.values())
+                if got or mine:
+                    idle_since = time.monotonic()
+                elif time.monotonic() - idle_since >= self.config.session_idle_timeout:
+                    return  # idle and nothing outstanding: let the session go
+        except SessionLockLostError:
+            self.lock_lost += 1
+            log.warning("session %s: its lock was lost; Service Bus redelivers it", session_id)
+        except OperationTimeoutError:
+            # No session came with the link after all (the SDK reports it on the first
+            # receive, not on opening): ask again.
+            if any(d.receiver is receiver for d in self._outstanding.values()):
+                raise
+        finally:
+            self._sessions.pop(receiver, None)
+            self._receivers.discard(receiver)
+            with contextlib.suppress(Exception):
+                await receiver.close()
+
+    async def _receive_or_release(
+        self, receiver: ServiceBusReceiver, session_id: str | None, release: asyncio.Event
+    ) -> int:
+        """One receive on a session receiver, cut short when its session must be let go
+        (what it received then is not handed on: closing the receiver releases it)."""
+        receiving = asyncio.ensure_future(self._receive_messages(receiver))
+        releasing = asyncio.ensure_future(release.wait())
+        try:
+            await asyncio.wait((receiving, releasing), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            releasing.cancel()
+            if not receiving.done():
+                receiving.cancel()
+                with contextlib.suppress(BaseException):
+                    await receiving
+        if release.is_set():
+            return 0
+        return self._hand_on(receiver, session_id, receiving.result())
+
+    async def _receive_batch(self, receiver: ServiceBusReceiver, session_id: str | None) -> int:
+        return self._hand_on(receiver, session_id, await self._receive_messages(receiver))
+
+    async def _receive_messages(self, receiver: ServiceBusReceiver) -> list[Any]:
+        messages: list[Any] = await receiver.receive_messages(
+            max_message_count=self.config.max_batch, max_wait_time=self.config.max_wait_time
+        )
+        return messages
+
+    def _hand_on(
+        self, receiver: ServiceBusReceiver, session_id: str | None, messages: list[Any]
+    ) -> int:
+        now = time.monotonic()
+        for message in messages:
+            delivery = ServiceBusDelivery(
+                message, receiver, self._identity(message), session_id, now
+            )
+            self._outstanding[id(delivery)] = delivery
+            self._queue.put_nowait((self._record(message), delivery))
+        return len(messages)
+
+    def _identity(self, message: Any) -> str:
+        enqueued = message.enqueued_time_utc
+        stamp = enqueued.isoformat(timespec="milliseconds") if enqueued is not None else "-"
+        return (
+            f"servicebus:{self.config.namespace}/{self.config.entity.lower()}/"
+            f"{message.sequence_number}@{stamp}"
+        )
+
+    def _record(self, message: Any) -> ServiceBusRecord:
+        props = {_text(k): v for k, v in (message.application_properties or {}).items()}
+        return ServiceBusRecord(
+            body=b"".join(
+                part if isinstance(part, bytes) else str(part).encode() for part in message.body
+            )
+            if not isinstance(message.body, bytes | str)
+            else (message.body if isinstance(message.body, bytes) else message.body.encode()),
+            attributes={k: _text(v) for k, v in props.items()},
+            key=message.session_id,
+            message_id=None if message.message_id is None else str(message.message_id),
+            publish_time=message.enqueued_time_utc,
+            delivery_attempt=message.delivery_count or 0,
+            source=self.config.entity,
+            native=message,
+            sequence_number=int(message.sequence_number or 0),
+            enqueued_time=message.enqueued_time_utc,
+            session_id=message.session_id,
+            application_properties=props,
+        )
+
+    def get_advance_lane(self, broker_payload: Any) -> Hashable:
+        delivery: ServiceBusDelivery = broker_payload
+        if self.config.sessions:
+            return ("session", delivery.session_id)
+        return delivery.identity
+
+    def message_id(self, broker_payload: Any) -> str | None:
+        """``servicebus:<namespace>/<entity>/<sequence number>@<enqueued time>``."""
+        delivery: ServiceBusDelivery = broker_payload
+        return delivery.identity
+
+    @property
+    def outstanding(self) -> int:
+        return len(self._outstanding)
+
+    def counters(self) -> Mapping[str, float]:
+        return {
+            Action.DELIVERED: self.delivered,
+            Action.DELETED: self.completed,
+            Action.REDELIVERED: self.abandoned + self.lock_lost,
+            Action.DEAD_LETTERED: self.dead_lettered,
+            Action.EXTENDED: self.renewed,
+        }
+
+    # ----------------------------------------------------------------- advance
+
+    async def advance(self, batch: Sequence[AdvanceItem]) -> None:
+        for item in batch:
+            delivery: ServiceBusDelivery = item.broker_payload
+            self._outstanding.pop(id(delivery), None)
+            if delivery.settled:
+                continue
+            judged = verdict(item.outcome)
+            if judged is Verdict.REDELIVER and delivery.session_id is not None:
+                self._let_session_go(delivery)
+                continue
+            delivery.settled = True
+            receiver, message = delivery.receiver, delivery.message
+            try:
+                match judged:
+                    case Verdict.COMMIT:
+                        await receiver.complete_message(message)
+                        self.completed += 1
+                    case Verdict.DEAD_LETTER:
+                        reason = outcome_reason(item.outcome)
+                        await receiver.dead_letter_message(
+                            message,
+                            reason=bounded_text(reason, 256),
+                            error_description=bounded_text(reason, _DESCRIPTION_MAX_BYTES),
+                        )
+                        self.dead_lettered += 1
+                    case Verdict.REDELIVER:
+                        await receiver.abandon_message(message)
+                        self.abandoned += 1
+            except _LOCK_LOST as exc:
+                # The lock lapsed or the session went: Service Bus delivers it again.
+                self.lock_lost += 1
+                log.warning(
+                    "%s: message %s: lock lost before settlement (%s); it will be redelivered",
+                    self.config.describe(),
+                    delivery.identity,
+                    type(exc).__name__,
+                )
+            except ServiceBusError as exc:
+                if "lock" in str(exc).lower() and "lost" in str(exc).lower():
+                    self.lock_lost += 1
+                    continue
+                raise
+
+    def _let_session_go(self, failed: ServiceBusDelivery) -> None:
+        """A session's message must come again: its session receiver lets the session go.
+
+        Abandoning it alone would let the session's later messages (outstanding here,
+        or already prefetched) be completed before it comes back: the session would be
+        reordered. Instead nothing more of this receiver is settled or handed on, and
+        closing it releases the session with every message it holds; Service Bus
+        delivers them again in order, the failed one first, to whichever receiver
+        accepts the session next. Each of them counts one more delivery.
+        """
+        receiver = failed.receiver
+        held = [d for d in self._outstanding.values() if d.receiver is receiver]
+        for delivery in (failed, *held):
+            self._outstanding.pop(id(delivery), None)
+            if not delivery.settled:
+                delivery.settled = True
+                self.abandoned += 1
+        release = self._sessions.get(receiver)
+        if release is not None:
+            release.set()
+        log.info(
+            "%s: session %s let go behind a failed message (%d released); it comes again in order",
+            self.config.describe(),
+            failed.session_id,
+            len(held) + 1,
+        )
+
+    # ------------------------------------------------------------------- renew
+
+    async def _renew_loop(self) -> None:
+        while True:
+            interval = self.config.renew_interval or self._default_interval()
+            await asyncio.sleep(interval)
+            try:
+                await self._renew_due(2 * interval)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("%s: lock renewal failed (%r); retrying", self.config.describe(), exc)
+
+    def _default_interval(self) -> float:
+        now = datetime.now(UTC)
+        left: list[float] = [
+            (d.message.locked_until_utc - now).total_seconds()
+            for d in self._outstanding.values()
+            if d.message.locked_until_utc is not None
+        ]
+        left += [
+            (r.session.locked_until_utc - now).total_seconds()
+            for r in list(self._sessions)
+            if r.session is not None and r.session.locked_until_utc is not None
+        ]
+        if not left:
+            return 1.0
+        shortest: float = min(left)
+        return max(min(max(shortest, 0.4) / 4, 5.0), 0.1)
+
+    async def _renew_due(self, horizon: float) -> None:
+        now = datetime.now(UTC)
+        overdue: set[int] = set()  # sessions holding a message past max_lock_renewal
+        for key, delivery in list(self._outstanding.items()):
+            if delivery.settled:
+                continue
+            if time.monotonic() - delivery.received_at > self.config.max_lock_renewal:
+                overdue.add(id(delivery.receiver))
+                continue
+            if delivery.session_id is not None:
+                continue  # its session's lock is its lock: renewed below
+            until = delivery.message.locked_until_utc
+            if until is not None and (until - now).total_seconds() > horizon:
+                continue
+            try:
+                await delivery.receiver.renew_message_lock(delivery.message)
+                self.renewed += 1
+            except _LOCK_LOST:
+                self.lock_lost += 1
+                self._outstanding.pop(key, None)
+                log.warning("message %s: lock lost; it will be redelivered", delivery.identity)
+        for receiver, release in list(self._sessions.items()):  # every session held
+            if release.is_set() or id(receiver) in overdue:
+                continue  # being let go, or renewed long enough
+            session = receiver.session
+            until = session.locked_until_utc
+            if until is not None and (until - now).total_seconds() > horizon:
+                continue
+            try:
+                await session.renew_lock()
+                self.renewed += 1
+            except _LOCK_LOST:
+                self.lock_lost += 1
+
+    # ------------------------------------------------------------------- close
+
+    async def aclose(self) -> None:
+        """Stop receiving and close the client; unresolved locks lapse (redelivery)."""
+        if self._closed:
+            return
+        self._closed = True
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(BaseException):
+                await task
+        for receiver in list(self._receivers):
+            with contextlib.suppress(Exception):
+                await receiver.close()
+        if self._client is not None:
+            with contextlib.suppress(Exception):
+                await self._client.close()
+        self._client = None

@@ -1,0 +1,447 @@
+"""Pub/Sub emulators: acklane's own (a local process or a thread), or Google's under Docker.
+
+acklane's emulator (:mod:`._server`) speaks the Publisher and Subscriber gRPC
+services, so the official clients reach it through ``PUBSUB_EMULATOR_HOST``
+(or the connector's ``emulator_host``). ``python -m acklane.integration.pubsub
+--port P [--relaxed]`` runs it as a process; :class:`ServerThread` runs it in
+this process. :class:`PubSubKit` creates throw-away topics and subscriptions on
+any of them, for tests and benchmarks; :meth:`PubSubKit.stats` and
+:func:`subscription_stats` read a subscription's backlog and leases on acklane's
+emulator without pulling.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, ClassVar
+
+from ..emulator import Emulator, EmulatorError, free_port, wait_for_port
+from ._server import INSPECT_STATS, RELAXED_ENV, PubSubServer, PubSubState, ServerThread
+
+__all__ = [
+    "DEFAULT_PROJECT",
+    "DOCKER",
+    "GOOGLE_EMULATOR_IMAGE",
+    "LOCAL",
+    "RELAXED_ENV",
+    "GooglePubSubEmulator",
+    "PubSubEmulator",
+    "PubSubKit",
+    "PubSubServer",
+    "PubSubState",
+    "ServerThread",
+    "publisher_client",
+    "subscriber_client",
+    "subscription_stats",
+]
+
+#: Any project name does for an emulator.
+DEFAULT_PROJECT = "acklane-test"
+GOOGLE_EMULATOR_IMAGE = "gcr.io/google.com/cloudsdktool/google-cloud-cli:emulators"
+
+
+def _channel(host: str) -> Any:
+    import grpc
+
+    return grpc.aio.insecure_channel(host)
+
+
+def subscriber_client(emulator_host: str) -> Any:
+    """A ``SubscriberAsyncClient`` on an emulator (no credentials); create it on a loop."""
+    from google.pubsub_v1 import SubscriberAsyncClient
+    from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcAsyncIOTransport
+
+    return SubscriberAsyncClient(
+        transport=SubscriberGrpcAsyncIOTransport(channel=_channel(emulator_host))
+    )
+
+
+def publisher_client(emulator_host: str) -> Any:
+    """A ``PublisherAsyncClient`` on an emulator (no credentials); create it on a loop."""
+    from google.pubsub_v1 import PublisherAsyncClient
+    from google.pubsub_v1.services.publisher.transports import PublisherGrpcAsyncIOTransport
+
+    return PublisherAsyncClient(
+        transport=PublisherGrpcAsyncIOTransport(channel=_channel(emulator_host))
+    )
+
+
+def subscription_stats(
+    emulator_host: str, subscription: str, timeout: float = 10.0
+) -> dict[str, int]:
+    """``{"backlog", "leased", "delayed"}`` of a subscription on acklane's emulator.
+
+    Read-only: nothing is pulled, so nothing is leased or counted as a delivery
+    attempt. ``backlog`` is every message not acked yet (leased ones included). A
+    blocking call (Google's emulator has no such call: ``UNIMPLEMENTED``).
+    """
+    import grpc
+
+    with grpc.insecure_channel(emulator_host) as channel:
+        call = channel.unary_unary(INSPECT_STATS)
+        answer = call(json.dumps({"subscription": subscription}).encode(), timeout=timeout)
+    return {str(k): int(v) for k, v in json.loads(answer).items()}
+
+
+def _wait_until_answers(host: str, timeout: float, alive: Any) -> None:
+    """Block until a real ListTopics call succeeds (or ``alive()`` says it died)."""
+    import grpc
+    from google.pubsub_v1 import PublisherClient
+    from google.pubsub_v1.services.publisher.transports import PublisherGrpcTransport
+
+    channel = grpc.insecure_channel(host)
+    client = PublisherClient(transport=PublisherGrpcTransport(channel=channel))
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            try:
+                list(client.list_topics(project=f"projects/{DEFAULT_PROJECT}", timeout=2))
+                return
+            except Exception as exc:
+                if not alive():
+                    raise EmulatorError(
+                        f"Pub/Sub emulator at {host} exited while starting"
+                    ) from exc
+                if time.monotonic() > deadline:
+                    raise EmulatorError(
+                        f"Pub/Sub emulator at {host}: ListTopics still failing after "
+                        f"{timeout}s: {exc}"
+                    ) from exc
+                time.sleep(0.1)
+    finally:
+        channel.close()
+
+
+class PubSubEmulator(Emulator):
+    """acklane's Pub/Sub emulator in a subprocess on a free port.
+
+    ``relaxed`` (default: ``$ACKLANE_PUBSUB_RELAXED``) allows ack deadlines from
+    1 s and ``max_delivery_attempts`` from 1, for fast tests.
+    """
+
+    broker: ClassVar[str] = "pubsub"
+    backend: ClassVar[str] = "local"
+
+    def __init__(
+        self,
+        *,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        project: str = DEFAULT_PROJECT,
+        relaxed: bool | None = None,
+    ) -> None:
+        self.host = host
+        self.port = port
+        self.project = project
+        self.relaxed = (
+            relaxed
+            if relaxed is not None
+            else os.environ.get(RELAXED_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+        )
+        self._process: subprocess.Popen[bytes] | None = None
+        self._log: Any = None
+
+    @property
+    def endpoint(self) -> str:
+        if self.port is None:
+            raise EmulatorError("the Pub/Sub emulator is not started")
+        return f"{self.host}:{self.port}"
+
+    @property
+    def running(self) -> bool:
+        """True while the server process is alive."""
+        return self._process is not None and self._process.poll() is None
+
+    def client_settings(self) -> dict[str, Any]:
+        return {"project": self.project, "emulator_host": self.endpoint}
+
+    def start(self) -> None:
+        if self._process is not None:
+            return
+        self.port = self.port or free_port()
+        self._log = tempfile.NamedTemporaryFile(  # noqa: SIM115
+            prefix="acklane-pubsub-", suffix=".log", delete=False
+        )
+        command = [sys.executable, "-m", "acklane.integration.pubsub"]
+        command += ["--host", self.host, "--port", str(self.port)]
+        if self.relaxed:
+            command.append("--relaxed")
+        self._process = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            self.wait_healthy()
+        except BaseException:
+            tail = self._log_tail()
+            self.stop()
+            raise EmulatorError(
+                f"the Pub/Sub emulator on port {self.port} did not start:\n{tail}"
+            ) from None
+
+    def wait_healthy(self, timeout: float = 60.0) -> None:
+        process = self._process
+        if process is None:
+            raise EmulatorError("the Pub/Sub emulator is not started")
+        deadline = time.monotonic() + timeout
+        wait_for_port(self.host, self.port or 0, timeout)
+        _wait_until_answers(
+            self.endpoint, max(deadline - time.monotonic(), 1.0), lambda: process.poll() is None
+        )
+
+    def stop(self) -> None:
+        process, self._process = self._process, None
+        if process is not None and process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=5)
+        if self._log is not None:
+            self._log.close()
+            Path(self._log.name).unlink(missing_ok=True)
+            self._log = None
+
+    def _log_tail(self, lines: int = 20) -> str:
+        if self._log is None:
+            return ""
+        self._log.flush()
+        text = Path(self._log.name).read_text(errors="replace")
+        return "\n".join(text.splitlines()[-lines:])
+
+
+class GooglePubSubEmulator(Emulator):
+    """Google's emulator (``gcloud beta emulators pubsub start``) via testcontainers.
+
+    It has no relaxed mode: ``relaxed`` is accepted and ignored, so tests that need
+    ack deadlines under 10 s only pass on acklane's emulator.
+    """
+
+    broker: ClassVar[str] = "pubsub"
+    backend: ClassVar[str] = "docker"
+
+    def __init__(
+        self,
+        *,
+        image: str = GOOGLE_EMULATOR_IMAGE,
+        project: str = DEFAULT_PROJECT,
+        relaxed: bool | None = None,
+    ) -> None:
+        self.image = image
+        self.project = project
+        self._container: Any = None
+        self._endpoint: str | None = None
+
+    @property
+    def endpoint(self) -> str:
+        if self._endpoint is None:
+            raise EmulatorError("Google's Pub/Sub emulator is not started")
+        return self._endpoint
+
+    def client_settings(self) -> dict[str, Any]:
+        return {"project": self.project, "emulator_host": self.endpoint}
+
+    def start(self) -> None:
+        if self._container is not None:
+            return
+        try:
+            from testcontainers.core.container import DockerContainer
+        except ImportError as exc:
+            raise EmulatorError(
+                'the docker backend needs testcontainers: pip install "acklane-integration[docker]"'
+            ) from exc
+        container = (
+            DockerContainer(self.image)
+            .with_command(
+                f"gcloud beta emulators pubsub start --project={self.project} "
+                "--host-port=0.0.0.0:8085"
+            )
+            .with_exposed_ports(8085)
+        )
+        try:
+            container.start()
+            host = container.get_container_host_ip()
+            self._endpoint = f"{host}:{container.get_exposed_port(8085)}"
+        except Exception as exc:
+            raise EmulatorError(
+                f"Google's Pub/Sub emulator ({self.image}) did not start: {exc}"
+            ) from exc
+        self._container = container
+        try:
+            self.wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+
+    def wait_healthy(self, timeout: float = 120.0) -> None:
+        if self._container is None:
+            raise EmulatorError("Google's Pub/Sub emulator is not started")
+        _wait_until_answers(self.endpoint, timeout, lambda: True)
+
+    def stop(self) -> None:
+        container, self._container = self._container, None
+        self._endpoint = None
+        if container is not None:
+            container.stop()
+
+
+LOCAL = PubSubEmulator
+DOCKER = GooglePubSubEmulator
+
+
+class PubSubKit:
+    """Throw-away topics and subscriptions on an emulator, seen from outside acklane.
+
+    ``async with PubSubKit(emulator.client_settings()) as kit``; everything it
+    created is deleted on exit. Names get a random suffix, so tests sharing one
+    emulator never see each other's messages. Names it returns are full paths
+    (``projects/P/topics/T``).
+    """
+
+    def __init__(self, settings: Mapping[str, Any]) -> None:
+        self.project = str(settings.get("project", DEFAULT_PROJECT))
+        self.host = str(settings["emulator_host"])
+        self.publisher: Any = None
+        self.subscriber: Any = None
+        self._topics: list[str] = []
+        self._subscriptions: list[str] = []
+
+    async def __aenter__(self) -> PubSubKit:
+        self.publisher = publisher_client(self.host)
+        self.subscriber = subscriber_client(self.host)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        for name in self._subscriptions:
+            with contextlib.suppress(Exception):
+                await self.subscriber.delete_subscription(subscription=name)
+        for name in self._topics:
+            with contextlib.suppress(Exception):
+                await self.publisher.delete_topic(topic=name)
+        for client in (self.subscriber, self.publisher):
+            with contextlib.suppress(Exception):
+                await client.transport.close()
+
+    def topic_path(self, name: str) -> str:
+        return name if name.startswith("projects/") else f"projects/{self.project}/topics/{name}"
+
+    def subscription_path(self, name: str) -> str:
+        if name.startswith("projects/"):
+            return name
+        return f"projects/{self.project}/subscriptions/{name}"
+
+    async def create_topic(self, prefix: str = "acklane") -> str:
+        name = self.topic_path(f"{prefix}-{uuid.uuid4().hex[:12]}")
+        await self.publisher.create_topic(name=name)
+        self._topics.append(name)
+        return name
+
+    async def create_subscription(
+        self,
+        topic: str,
+        prefix: str = "acklane-sub",
+        *,
+        ack_deadline: int = 10,
+        ordering: bool = False,
+        dead_letter_topic: str | None = None,
+        max_delivery_attempts: int = 5,
+        minimum_backoff: float | None = None,
+    ) -> str:
+        """Create a subscription with a unique name on ``topic``; return its path."""
+        from google.pubsub_v1 import types
+
+        name = self.subscription_path(f"{prefix}-{uuid.uuid4().hex[:12]}")
+        request = types.Subscription(
+            name=name,
+            topic=self.topic_path(topic),
+            ack_deadline_seconds=ack_deadline,
+            enable_message_ordering=ordering,
+        )
+        if dead_letter_topic is not None:
+            request.dead_letter_policy = types.DeadLetterPolicy(
+                dead_letter_topic=self.topic_path(dead_letter_topic),
+                max_delivery_attempts=max_delivery_attempts,
+            )
+        if minimum_backoff is not None:
+            request.retry_policy = types.RetryPolicy(
+                minimum_backoff=timedelta(seconds=minimum_backoff)
+            )
+        await self.subscriber.create_subscription(request=request)
+        self._subscriptions.append(name)
+        return name
+
+    async def publish(
+        self,
+        topic: str,
+        bodies: Iterable[bytes | str],
+        *,
+        attributes: Mapping[str, str] | None = None,
+        ordering_key: str = "",
+    ) -> list[str]:
+        """Publish messages (one call per 500); their message ids, in order."""
+        from google.pubsub_v1 import types
+
+        messages = [
+            types.PubsubMessage(
+                data=body.encode() if isinstance(body, str) else body,
+                attributes=dict(attributes or {}),
+                ordering_key=ordering_key,
+            )
+            for body in bodies
+        ]
+        ids: list[str] = []
+        for start in range(0, len(messages), 500):
+            response = await self.publisher.publish(
+                topic=self.topic_path(topic), messages=messages[start : start + 500]
+            )
+            ids.extend(response.message_ids)
+        return ids
+
+    async def stats(self, subscription: str) -> dict[str, int]:
+        """The subscription's backlog and leases, without pulling (acklane's emulator only).
+
+        See :func:`subscription_stats`.
+        """
+        call = self.subscriber.transport.grpc_channel.unary_unary(INSPECT_STATS)
+        request = json.dumps({"subscription": self.subscription_path(subscription)})
+        answer = await call(request.encode(), timeout=10)
+        return {str(k): int(v) for k, v in json.loads(answer).items()}
+
+    async def pull(
+        self, subscription: str, *, max_messages: int = 100, ack: bool = True
+    ) -> list[Any]:
+        """Pull once (waiting briefly when empty) and ack what came; the ReceivedMessages."""
+        response = await self.subscriber.pull(
+            subscription=self.subscription_path(subscription), max_messages=max_messages
+        )
+        received = list(response.received_messages)
+        if ack and received:
+            await self.subscriber.acknowledge(
+                subscription=self.subscription_path(subscription),
+                ack_ids=[r.ack_id for r in received],
+            )
+        return received
+
+    async def drain(
+        self, subscription: str, *, expect: int, within: float = 20.0, ack: bool = True
+    ) -> list[Any]:
+        """Pull (and ack) until ``expect`` messages came or ``within`` seconds passed."""
+        out: list[Any] = []
+        deadline = time.monotonic() + within
+        while len(out) < expect and time.monotonic() < deadline:
+            out.extend(await self.pull(subscription, ack=ack))
+        return out

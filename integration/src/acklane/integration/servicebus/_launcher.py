@@ -1,0 +1,322 @@
+"""Launchers of the Service Bus emulator, and a small kit for tests.
+
+``LOCAL`` runs acklane's own emulator (``python -m acklane.integration.servicebus``)
+as a subprocess; ``DOCKER`` runs Microsoft's official emulator image with its SQL
+Edge companion through testcontainers (``acklane-integration[docker]``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, ClassVar
+
+from ..emulator import Emulator, EmulatorError, free_port, wait_for_port
+from ._server import DEFAULT_KEY, DEFAULT_KEY_NAME
+
+__all__ = [
+    "MicrosoftServiceBusEmulator",
+    "ServiceBusEmulator",
+    "ServiceBusKit",
+    "connection_string",
+]
+
+MICROSOFT_IMAGE = "mcr.microsoft.com/azure-messaging/servicebus-emulator:latest"
+SQL_EDGE_IMAGE = "mcr.microsoft.com/azure-sql-edge:latest"
+
+
+def connection_string(host: str, port: int, key: str = DEFAULT_KEY) -> str:
+    """The SDK's connection string for an emulator (no TLS: ``UseDevelopmentEmulator``)."""
+    return (
+        f"Endpoint=sb://{host}:{port};SharedAccessKeyName={DEFAULT_KEY_NAME};"
+        f"SharedAccessKey={key};UseDevelopmentEmulator=true;"
+    )
+
+
+class ServiceBusEmulator(Emulator):
+    """acklane's emulator in a subprocess, on a free port, with an HTTP admin endpoint."""
+
+    broker: ClassVar[str] = "servicebus"
+    backend: ClassVar[str] = "local"
+
+    def __init__(
+        self,
+        *,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        config: str | Path | None = None,
+        key: str = DEFAULT_KEY,
+    ) -> None:
+        self.host = host
+        self.port = port
+        self.admin_port: int | None = None
+        self.config = config
+        self.key = key
+        self._process: subprocess.Popen[bytes] | None = None
+        self._log: Any = None
+
+    @property
+    def endpoint(self) -> str:
+        if self.port is None:
+            raise EmulatorError("the Service Bus emulator is not started")
+        return f"sb://{self.host}:{self.port}"
+
+    @property
+    def connection_string(self) -> str:
+        if self.port is None:
+            raise EmulatorError("the Service Bus emulator is not started")
+        return connection_string(self.host, self.port, self.key)
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://{self.host}:{self.admin_port}"
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def client_settings(self) -> dict[str, Any]:
+        return {"connection_string": self.connection_string}
+
+    def start(self) -> None:
+        if self._process is not None:
+            return
+        self.port = self.port or free_port()
+        self.admin_port = free_port()
+        self._log = tempfile.NamedTemporaryFile(prefix="acklane-sb-", suffix=".log", delete=False)  # noqa: SIM115
+        command = [
+            sys.executable,
+            "-m",
+            "acklane.integration.servicebus",
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--admin-port",
+            str(self.admin_port),
+            "--key",
+            self.key,
+        ]
+        if self.config is not None:
+            command += ["--config", str(self.config)]
+        self._process = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            self.wait_healthy()
+        except BaseException:
+            tail = self._log_tail()
+            self.stop()
+            raise EmulatorError(f"Service Bus emulator did not start:\n{tail}") from None
+
+    def wait_healthy(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        wait_for_port(self.host, self.port or 0, timeout)
+        while True:
+            try:
+                with urllib.request.urlopen(f"{self.admin_url}/health", timeout=2) as answer:
+                    answer.read()
+                return
+            except OSError as exc:
+                if not self.running or time.monotonic() > deadline:
+                    raise EmulatorError(f"Service Bus emulator unhealthy: {exc}") from exc
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        process, self._process = self._process, None
+        if process is not None and process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=5)
+        if self._log is not None:
+            self._log.close()
+            Path(self._log.name).unlink(missing_ok=True)
+            self._log = None
+
+    def _log_tail(self, lines: int = 30) -> str:
+        if self._log is None:
+            return ""
+        self._log.flush()
+        return "\n".join(Path(self._log.name).read_text(errors="replace").splitlines()[-lines:])
+
+    # -- administration (tests)
+
+    def _admin(self, method: str, path: str, body: Any = None) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(
+            f"{self.admin_url}{urllib.parse.quote(path)}", data=data, method=method
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=15) as answer:
+                return json.loads(answer.read() or b"{}")
+        except urllib.error.HTTPError as exc:
+            raise EmulatorError(f"{method} {path}: {exc.read().decode(errors='replace')}") from exc
+
+    def create_queue(self, name: str | None = None, **properties: Any) -> str:
+        """Create a queue (``lock_duration=2``, ``max_delivery_count=3``, ...)."""
+        name = name or f"q-{uuid.uuid4().hex[:12]}"
+        self._admin("POST", "/entities", {"queue": name, "properties": properties})
+        return name
+
+    def create_topic(
+        self, name: str | None = None, subscriptions: Iterable[str] = ("sub",), **properties: Any
+    ) -> str:
+        """Create a topic with subscriptions sharing ``properties``."""
+        name = name or f"t-{uuid.uuid4().hex[:12]}"
+        subs = [{"name": s, "properties": properties} for s in subscriptions]
+        self._admin("POST", "/entities", {"topic": name, "subscriptions": subs})
+        return name
+
+    def delete_entity(self, name: str) -> None:
+        self._admin("DELETE", f"/entities/{name}")
+
+    def counts(self, path: str) -> dict[str, int]:
+        """``messages``, ``locked``, ``deferred``, ``scheduled``, ``dead_letter`` of an entity."""
+        result: dict[str, int] = self._admin("GET", f"/entities/{path}")
+        return result
+
+
+class MicrosoftServiceBusEmulator(Emulator):
+    """Microsoft's emulator image and its SQL Edge companion (untested here: needs Docker)."""
+
+    broker: ClassVar[str] = "servicebus"
+    backend: ClassVar[str] = "docker"
+
+    def __init__(self, *, config: str | Path | None = None, key: str = DEFAULT_KEY) -> None:
+        self.config = config
+        self.key = key
+        self._network: Any = None
+        self._containers: list[Any] = []
+        self._port: int | None = None
+
+    @property
+    def endpoint(self) -> str:
+        if self._port is None:
+            raise EmulatorError("the Service Bus emulator is not started")
+        return f"sb://127.0.0.1:{self._port}"
+
+    def client_settings(self) -> dict[str, Any]:
+        assert self._port is not None
+        return {"connection_string": connection_string("127.0.0.1", self._port, self.key)}
+
+    def start(self) -> None:
+        try:
+            from testcontainers.core.container import DockerContainer
+            from testcontainers.core.network import Network
+        except ImportError as exc:
+            raise EmulatorError(
+                'the docker backend needs testcontainers: pip install "acklane-integration[docker]"'
+            ) from exc
+        password = f"Acklane-{uuid.uuid4().hex[:12]}!"
+        self._network = Network().__enter__()
+        sql = (
+            DockerContainer(SQL_EDGE_IMAGE)
+            .with_env("ACCEPT_EULA", "Y")
+            .with_env("MSSQL_SA_PASSWORD", password)
+            .with_network(self._network)
+            .with_network_aliases("sqledge")
+        )
+        sql.start()
+        self._containers.append(sql)
+        bus = (
+            DockerContainer(MICROSOFT_IMAGE)
+            .with_env("ACCEPT_EULA", "Y")
+            .with_env("SQL_SERVER", "sqledge")
+            .with_env("MSSQL_SA_PASSWORD", password)
+            .with_network(self._network)
+            .with_exposed_ports(5672)
+        )
+        if self.config is not None:
+            bus = bus.with_volume_mapping(
+                str(self.config), "/ServiceBus_Emulator/ConfigFiles/Config.json"
+            )
+        bus.start()
+        self._containers.append(bus)
+        self._port = int(bus.get_exposed_port(5672))
+        self.wait_healthy()
+
+    def wait_healthy(self, timeout: float = 120.0) -> None:
+        wait_for_port("127.0.0.1", self._port or 0, timeout)
+
+    def stop(self) -> None:
+        for container in reversed(self._containers):
+            with contextlib.suppress(Exception):
+                container.stop()
+        self._containers.clear()
+        if self._network is not None:
+            self._network.__exit__(None, None, None)
+            self._network = None
+
+
+class ServiceBusKit:
+    """Send, receive-and-complete and peek with the official SDK (sync), for checks."""
+
+    def __init__(self, connection_string: str) -> None:
+        self.connection_string = connection_string
+
+    def _client(self) -> Any:
+        from azure.servicebus import ServiceBusClient
+
+        return ServiceBusClient.from_connection_string(self.connection_string)
+
+    def send(
+        self,
+        queue: str,
+        bodies: Iterable[bytes | str],
+        *,
+        session_id: str | None = None,
+        properties: dict[str | bytes, Any] | None = None,
+    ) -> None:
+        from azure.servicebus import ServiceBusMessage
+
+        messages = [
+            ServiceBusMessage(body, session_id=session_id, application_properties=properties)
+            for body in bodies
+        ]
+        with self._client() as client, client.get_queue_sender(queue) as sender:
+            for message in messages:
+                sender.send_messages(message)
+
+    def receive(
+        self, queue: str, count: int, *, sub_queue: str | None = None, wait: float = 2.0
+    ) -> list[Any]:
+        """Receive up to ``count`` messages (peek-lock) and complete them."""
+        out: list[Any] = []
+        with (
+            self._client() as client,
+            client.get_queue_receiver(queue, sub_queue=sub_queue, max_wait_time=wait) as receiver,
+        ):
+            deadline = time.monotonic() + wait
+            while len(out) < count and time.monotonic() < deadline:
+                batch = receiver.receive_messages(
+                    max_message_count=count - len(out), max_wait_time=wait
+                )
+                for message in batch:
+                    receiver.complete_message(message)
+                out.extend(batch)
+        return out
+
+    def peek_dead_letters(self, queue: str, count: int = 100) -> list[Any]:
+        with (
+            self._client() as client,
+            client.get_queue_receiver(queue, sub_queue="deadletter") as receiver,
+        ):
+            result: list[Any] = receiver.peek_messages(max_message_count=count)
+            return result

@@ -1,0 +1,213 @@
+"""The Service Bus producer against acklane's emulator: outcomes, renewal, lost locks, sessions."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from acklane.connectors.servicebus import (
+    ServiceBusConfig,
+    ServiceBusConnector,
+    ServiceBusStreamProducer,
+)
+from acklane.core.connectors import load_connector
+from acklane.core.producer import AdvanceItem, AdvanceOutcome
+from acklane.integration.emulator import Emulator
+from acklane.integration.servicebus import ServiceBusEmulator, ServiceBusKit
+
+CLEAN = AdvanceOutcome(acked=1, failed=0)
+FAILED = AdvanceOutcome(acked=0, failed=1)
+NOBODY = AdvanceOutcome(acked=0, failed=0)
+
+
+def rejected(reason: str) -> AdvanceOutcome:
+    return AdvanceOutcome(acked=0, failed=0, rejected=1, reject_reasons=(reason,))
+
+
+@pytest.fixture
+def bus(servicebus_emulator: Emulator) -> ServiceBusEmulator:
+    assert isinstance(servicebus_emulator, ServiceBusEmulator)
+    return servicebus_emulator
+
+
+@pytest.fixture
+def kit(bus: ServiceBusEmulator) -> ServiceBusKit:
+    return ServiceBusKit(bus.connection_string)
+
+
+def config(bus: ServiceBusEmulator, queue: str, **extra: Any) -> ServiceBusConfig:
+    return ServiceBusConfig(
+        connection_string=bus.connection_string, queue=queue, max_wait_time=1, **extra
+    )
+
+
+async def take(stream: AsyncIterator[Any], n: int, timeout: float = 20) -> list[Any]:
+    return [await asyncio.wait_for(anext(stream), timeout) for _ in range(n)]
+
+
+def test_the_connector_is_found_by_its_entry_point() -> None:
+    assert load_connector("servicebus") is ServiceBusConnector
+
+
+async def test_clean_completed_rejected_dead_lettered_with_reason(
+    bus: ServiceBusEmulator, kit: ServiceBusKit
+) -> None:
+    queue = bus.create_queue(lock_duration=5)
+    kit.send(queue, [b"ok1", b"ok2", b"bad"])
+    producer = ServiceBusConnector.create_producer(config(bus, queue))
+    stream = producer.open_stream()
+    try:
+        got = await take(stream, 3)
+        outcomes = {b"ok1": CLEAN, b"ok2": CLEAN, b"bad": rejected("not JSON")}
+        await producer.advance([AdvanceItem(d, outcomes[r.body]) for r, d in got])
+    finally:
+        await stream.aclose()
+        await producer.aclose()
+    assert bus.counts(queue)["messages"] == 0
+    [copy] = kit.peek_dead_letters(queue)
+    assert str(copy) == "bad"
+    assert copy.dead_letter_reason == "not JSON"
+    assert copy.dead_letter_error_description == "not JSON"
+    assert producer.counters()["dead_lettered"] == 1
+    assert producer.counters()["deleted"] == 2
+
+
+async def test_failed_abandoned_redelivered_with_count_plus_one_lock_renewed_meanwhile(
+    bus: ServiceBusEmulator, kit: ServiceBusKit
+) -> None:
+    queue = bus.create_queue(lock_duration=2)
+    kit.send(queue, [b"m"])
+    producer = ServiceBusStreamProducer(config(bus, queue, renew_interval=0.3))
+    stream = producer.open_stream()
+    try:
+        [(record, delivery)] = await take(stream, 1)
+        assert record.delivery_count == 0
+        await asyncio.sleep(4.5)  # past the 2 s lock: renewal keeps it
+        assert producer.renewed >= 2
+        assert producer.lock_lost == 0
+        await producer.advance([AdvanceItem(delivery, FAILED)])
+        [(again, delivery2)] = await take(stream, 1)
+        assert again.delivery_count == 1
+        assert producer.message_id(delivery2) == producer.message_id(delivery)
+        await producer.advance([AdvanceItem(delivery2, CLEAN)])
+    finally:
+        await stream.aclose()
+        await producer.aclose()
+    assert bus.counts(queue)["messages"] == 0
+
+
+async def test_unclaimed_message_abandoned_and_max_delivery_count_dead_letters(
+    bus: ServiceBusEmulator, kit: ServiceBusKit
+) -> None:
+    queue = bus.create_queue(lock_duration=5, max_delivery_count=2)
+    kit.send(queue, [b"m"])
+    producer = ServiceBusStreamProducer(config(bus, queue))
+    stream = producer.open_stream()
+    try:
+        for _ in range(2):
+            [(_, delivery)] = await take(stream, 1)
+            await producer.advance([AdvanceItem(delivery, NOBODY)])
+        await asyncio.sleep(0.5)
+    finally:
+        await stream.aclose()
+        await producer.aclose()
+    [copy] = kit.peek_dead_letters(queue)
+    assert copy.dead_letter_reason == "MaxDeliveryCountExceeded"
+    assert producer.abandoned == 2
+
+
+async def test_a_lost_lock_is_counted_and_the_message_redelivered(
+    bus: ServiceBusEmulator, kit: ServiceBusKit
+) -> None:
+    queue = bus.create_queue(lock_duration=1.5)
+    kit.send(queue, [b"m"])
+    # No renewal within the lock: it lapses while the "watcher" works.
+    producer = ServiceBusStreamProducer(config(bus, queue, renew_interval=30))
+    stream = producer.open_stream()
+    try:
+        [(_, delivery)] = await take(stream, 1)
+        await asyncio.sleep(2.0)
+        [(again, delivery2)] = await take(stream, 1)  # Service Bus gave it again
+        assert again.delivery_count == 1
+        await producer.advance([AdvanceItem(delivery2, CLEAN)])
+        await producer.advance([AdvanceItem(delivery, CLEAN)])  # lock lost: counted
+        assert producer.lock_lost == 1
+    finally:
+        await stream.aclose()
+        await producer.aclose()
+    assert bus.counts(queue)["messages"] == 0
+
+
+async def test_crash_without_advancing_redelivers(
+    bus: ServiceBusEmulator, kit: ServiceBusKit
+) -> None:
+    queue = bus.create_queue(lock_duration=0.5)
+    kit.send(queue, [b"a", b"b"])
+    first = ServiceBusStreamProducer(config(bus, queue))
+    stream = first.open_stream()
+    await take(stream, 2)
+    await stream.aclose()
+    await first.aclose()
+    second = ServiceBusStreamProducer(config(bus, queue))
+    stream = second.open_stream()
+    try:
+        got = await take(stream, 2)
+        assert sorted(r.body for r, _ in got) == [b"a", b"b"]
+        await second.advance([AdvanceItem(d, CLEAN) for _, d in got])
+    finally:
+        await stream.aclose()
+        await second.aclose()
+
+
+async def test_topic_subscription(bus: ServiceBusEmulator) -> None:
+    topic = bus.create_topic(subscriptions=["s1"], lock_duration=5)
+    from azure.servicebus import ServiceBusClient, ServiceBusMessage
+
+    with (
+        ServiceBusClient.from_connection_string(bus.connection_string) as client,
+        client.get_topic_sender(topic) as sender,
+    ):
+        sender.send_messages(ServiceBusMessage(b"t"))
+    cfg = ServiceBusConfig(
+        connection_string=bus.connection_string, topic=topic, subscription="s1", max_wait_time=1
+    )
+    producer = ServiceBusStreamProducer(cfg)
+    stream = producer.open_stream()
+    try:
+        [(record, delivery)] = await take(stream, 1)
+        assert record.body == b"t"
+        assert producer.message_id(delivery).startswith(
+            f"servicebus:{cfg.namespace}/{topic}/subscriptions/s1/1@"
+        )
+        await producer.advance([AdvanceItem(delivery, CLEAN)])
+    finally:
+        await stream.aclose()
+        await producer.aclose()
+
+
+async def test_a_failed_message_holds_its_session(
+    bus: ServiceBusEmulator, kit: ServiceBusKit
+) -> None:
+    queue = bus.create_queue(lock_duration=5, requires_session=True)
+    kit.send(queue, [b"s1-a", b"s1-b"], session_id="s1")
+    producer = ServiceBusStreamProducer(config(bus, queue, sessions=True, max_sessions=1))
+    stream = producer.open_stream()
+    try:
+        (ra, da), (rb, db) = await take(stream, 2)
+        assert (ra.body, rb.body) == (b"s1-a", b"s1-b")
+        assert producer.get_advance_lane(da) == producer.get_advance_lane(db)
+        # s1-b is outstanding behind the failed s1-a: the session is let go with both,
+        # and comes back in order; what was outstanding is not settled any more.
+        await producer.advance([AdvanceItem(da, FAILED)])
+        (a2, d2), (b2, e2) = await take(stream, 2)
+        assert (a2.body, b2.body) == (b"s1-a", b"s1-b")
+        assert a2.delivery_count == b2.delivery_count == 1
+        await producer.advance([AdvanceItem(db, CLEAN)])
+        await producer.advance([AdvanceItem(d2, CLEAN), AdvanceItem(e2, CLEAN)])
+    finally:
+        await stream.aclose()
+        await producer.aclose()
+    assert bus.counts(queue)["messages"] == 0
