@@ -19,7 +19,6 @@ from sqlalchemy import (
     Table,
     Text,
     func,
-    inspect,
     select,
     update,
 )
@@ -133,7 +132,7 @@ async def create_tables(engine: AsyncEngine, *, attempts: int = 5) -> None:
 
 def _create_or_migrate(conn: Connection) -> None:
     metadata.create_all(conn, checkfirst=True)
-    present = {index["name"] for index in inspect(conn).get_indexes(TABLE_NAME)}
+    present = _index_names(conn)
     retired = [name for name in _RETIRED_INDEXES if name in present]
     if DEDUPE_INDEX.name in present and not retired:
         return
@@ -152,6 +151,27 @@ def _create_or_migrate(conn: Connection) -> None:
         f", replacing {', '.join(retired)}" if retired else "",
         f"; {digested} long stream key(s) stored as their digest" if digested else "",
     )
+
+
+def _index_names(conn: Connection) -> set[str]:
+    """The names of the table's indexes, read in one query.
+
+    Not SQLAlchemy's inspector: on SQLite it lists the indexes, then reads each one's
+    SQL in a second query, and fails (a TypeError, not a database error) when another
+    process drops an index in between, as a concurrent migration does.
+    """
+    if conn.dialect.name == "sqlite":
+        rows = conn.exec_driver_sql(
+            "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = ?",
+            (TABLE_NAME,),
+        )
+    else:
+        rows = conn.exec_driver_sql(
+            "SELECT indexname FROM pg_indexes "
+            "WHERE schemaname = current_schema() AND tablename = %(table)s",
+            {"table": TABLE_NAME},
+        )
+    return {str(name) for (name,) in rows}
 
 
 def _digest_long_stream_keys(conn: Connection) -> int:
