@@ -22,7 +22,7 @@ from acklane.core.stores.settings import StateStoreSettings
 from acklane.core.trigger import TriggerEvent
 from acklane.core.watcher import WatcherTrigger, build_watchers
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "pipeline.yaml"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "pipeline.yaml"
 
 VALID = """\
 engine:
@@ -593,7 +593,7 @@ def test_the_error_sample_in_the_docs_is_the_real_output(
 
     from acklane.core.cli import app
 
-    docs = (Path(__file__).resolve().parents[1] / "docs" / "configuration.md").read_text()
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
     section = docs[docs.index("## Errors") : docs.index("## Environment variables")]
     yaml_text = re.search(r"```yaml\n(.*?)```", section, re.S)
     console = re.search(r"```console\n\$ acklane validate pipeline.yaml\n(.*?)```", section, re.S)

@@ -1,8 +1,9 @@
 """The README's promise: ``acklane demo`` runs to completion and shows every outcome.
 
-Core knows only the memory broker; the Kafka one comes from acklane-integration through
-the ``acklane.demos`` entry points. ``--broker auto`` falls back to memory only when
-no emulator can start (simulated by pointing ``ACKLANE_TANSU_BIN`` at a missing file).
+Core knows only the memory broker; the Kafka, Pub/Sub and Service Bus ones come from
+acklane-integration through the ``acklane.demos`` entry points. ``--broker auto`` tries
+Kafka only, and falls back to memory only when no emulator can start (simulated by
+pointing ``ACKLANE_TANSU_BIN`` at a missing file).
 """
 
 from __future__ import annotations
@@ -41,7 +42,15 @@ def no_tansu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return missing
 
 
-@pytest.mark.parametrize("broker", ["memory", "kafka"])
+LABELS = {
+    "memory": "in-process memory broker",
+    "kafka": "Kafka emulator",
+    "pubsub": "acklane's Pub/Sub emulator",
+    "servicebus": "acklane's Service Bus emulator",
+}
+
+
+@pytest.mark.parametrize("broker", ["memory", "kafka", "pubsub", "servicebus"])
 async def test_demo_finishes_and_shows_acked_dead_lettered_and_redelivered(broker: str) -> None:
     console, out = _console()
     assert await run_demo(24, console, broker) == 0
@@ -51,21 +60,29 @@ async def test_demo_finishes_and_shows_acked_dead_lettered_and_redelivered(broke
     assert "failed → redelivered" in text
     assert "2 in the DLQ" in text
     assert "'big-orders': 13, 'every-order': 22, 'audit': 23" in text  # duplicates dropped
-    if broker == "kafka":
-        assert "Kafka emulator" in text
-    else:
-        assert "in-process memory broker" in text
+    assert LABELS[broker] in text
+    if broker in ("pubsub", "servicebus"):  # one queue: each message labelled 0/<publish order>
+        assert "DLQ copy of 0/4: " in text
+        assert "DLQ copy of 0/8: watcher every-order: reject rule matched" in text
+        assert ": p0: 24/24" in text
 
 
-def test_the_kafka_demo_broker_is_registered_by_acklane_integration() -> None:
+def test_the_emulator_demo_brokers_are_registered_by_acklane_integration() -> None:
     assert cli.DEMO_BROKERS_GROUP == ENTRY_POINT_GROUP
     names = demo_broker_names()
     assert names[:2] == ["auto", "memory"]
-    assert "kafka" in names
+    assert {"kafka", "pubsub", "servicebus"} <= set(names)
     assert load_demo_broker("memory") is MemoryDemoBroker
-    kafka = load_demo_broker("kafka")
-    assert issubclass(kafka, DemoBroker)
-    assert kafka.__module__.startswith("acklane.integration.")
+    for name in ("kafka", "pubsub", "servicebus"):
+        cls = load_demo_broker(name)
+        assert issubclass(cls, DemoBroker)
+        assert cls.__module__.startswith("acklane.integration.")
+
+
+def test_auto_tries_only_kafka_of_the_emulator_demo_brokers() -> None:
+    assert load_demo_broker("kafka").auto_order is not None
+    assert load_demo_broker("pubsub").auto_order is None
+    assert load_demo_broker("servicebus").auto_order is None
 
 
 async def test_an_unknown_broker_is_an_error_naming_the_known_ones() -> None:
@@ -88,6 +105,7 @@ async def test_auto_falls_back_to_memory_when_no_emulator_can_start(no_tansu: Pa
     assert "cannot start a Kafka emulator (kafka)" in text
     assert str(no_tansu) in text  # why: the emulator's own error
     assert "on the in-process memory broker" in text
+    assert "Pub/Sub" not in text and "Service Bus" not in text  # auto tries Kafka only
     assert "acked ✓" in text
 
 

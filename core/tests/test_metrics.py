@@ -9,7 +9,7 @@ import uuid
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, generate_latest
-from test_runner import _all_committed, _run_until
+from runner_harness import all_committed, run_until
 
 from acklane.connectors.memory import MemoryBroker
 from acklane.core.config import parse_config
@@ -42,12 +42,12 @@ async def test_collector_exposes_broadcast_outcomes_advances_and_persisted(tmp_p
     scraped: list[str] = []
 
     def done() -> bool:
-        if _all_committed(broker) and runner._store is not None:
+        if all_committed(broker) and runner._store is not None:
             scraped.append(generate_latest(registry).decode())
             return True
         return False
 
-    await _run_until(runner, done)
+    await run_until(runner, done)
     text = scraped[0]
     assert "acklane_events_broadcast_total{key=" in text
     assert "acklane_advanced_events_total" in text

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import runner_filters
+from runner_harness import all_committed, run_until
 
 from acklane.connectors.memory import MemoryBroker
 from acklane.core.config import parse_config
@@ -66,24 +67,6 @@ def _publish(broker: MemoryBroker, bodies: list[Any]) -> None:
         broker.publish("orders", data, key=f"k{i % 3}")
 
 
-def _all_committed(broker: MemoryBroker) -> bool:
-    ends = broker.end_offsets("orders")
-    stats = broker.stats("g")
-    return all(stats.committed.get(("orders", p), 0) >= end for p, end in ends.items())
-
-
-async def _run_until(runner: Runner, cond: Any, timeout: float = 15.0) -> None:
-    task = asyncio.create_task(runner.run())
-    try:
-        async with asyncio.timeout(timeout):
-            while not cond():
-                assert not task.done(), task.exception()
-                await asyncio.sleep(0.02)
-    finally:
-        runner.request_stop()
-        await task
-
-
 async def _stored(db: Path) -> list[Any]:
     async with EventStore(f"sqlite:///{db}") as store:
         return await store.list_events(limit=10_000)
@@ -107,7 +90,7 @@ async def test_every_message_fires_each_watcher_once_and_is_committed(
     )
     _publish(broker, [{"id": i, "amount": i * 10} for i in range(20)])
     runner = Runner(cfg, handle_signals=False)
-    await _run_until(runner, lambda: _all_committed(broker))
+    await run_until(runner, lambda: all_committed(broker))
     events = await _stored(db)
     by = {w: sorted(e.payload["id"] for e in events if e.trigger_id == w) for w in ("all", "big")}
     assert by["all"] == list(range(20))
@@ -129,7 +112,7 @@ async def test_poison_message_is_dead_lettered_with_its_reason(
         """,
     )
     _publish(broker, [{"id": 0}, b"\xffnot json", {"id": 2}])
-    await _run_until(Runner(cfg, handle_signals=False), lambda: _all_committed(broker))
+    await run_until(Runner(cfg, handle_signals=False), lambda: all_committed(broker))
     dlq = broker.records("orders.dlq")
     assert len(dlq) == 1
     assert dlq[0].value == b"\xffnot json"
@@ -151,7 +134,7 @@ async def test_payload_that_is_not_json_rejects_the_message_instead_of_looping(
         """,
     )
     _publish(broker, [{"id": i} for i in range(4)])
-    await _run_until(Runner(cfg, handle_signals=False), lambda: _all_committed(broker))
+    await run_until(Runner(cfg, handle_signals=False), lambda: all_committed(broker))
     dlq = broker.records("orders.dlq")
     assert len(dlq) == 2
     assert all("odd" in r.headers["acklane.reject.reason"] for r in dlq)
@@ -177,7 +160,7 @@ async def test_crashing_filter_restarts_the_cohort_and_loses_nothing(
         """,
     )
     _publish(broker, [{"id": i, "crash": i == 7} for i in range(16)])
-    await _run_until(Runner(cfg, handle_signals=False), lambda: _all_committed(broker))
+    await run_until(Runner(cfg, handle_signals=False), lambda: all_committed(broker))
     events = await _stored(db)
     for watcher in ("fragile", "sturdy"):
         ids = sorted(e.payload["id"] for e in events if e.trigger_id == watcher)
@@ -209,7 +192,7 @@ async def test_ack_timeout_of_one_watcher_restarts_its_cohort_with_redelivery(
 
     demo._STALLED.clear()
     _publish(broker, [{"id": i, "stall": i == 3} for i in range(10)])
-    await _run_until(Runner(cfg, handle_signals=False), lambda: _all_committed(broker))
+    await run_until(Runner(cfg, handle_signals=False), lambda: all_committed(broker))
     events = await _stored(db)
     slow = sorted(e.payload["audited"] for e in events if e.trigger_id == "slow")
     assert slow == list(range(10))
@@ -230,12 +213,12 @@ async def test_graceful_stop_then_restart_processes_every_message_once(
     )
     _publish(broker, [{"id": i} for i in range(200)])
     first = Runner(cfg, handle_signals=False)
-    await _run_until(first, lambda: broker.stats("g").delivered >= 40)
+    await run_until(first, lambda: broker.stats("g").delivered >= 40)
     stats = broker.stats("g")
     committed = sum(stats.committed.values())
     stored_after_first = len(await _stored(db))
     assert stored_after_first >= committed  # nothing committed without its event stored
-    await _run_until(Runner(cfg, handle_signals=False), lambda: _all_committed(broker))
+    await run_until(Runner(cfg, handle_signals=False), lambda: all_committed(broker))
     ids = [e.payload["id"] for e in await _stored(db)]
     assert sorted(ids) == list(range(200))  # no loss, no duplicate row
 
@@ -255,7 +238,7 @@ async def test_watcher_with_an_asset_gets_that_assets_store(
         """,
     )
     _publish(broker, [{"id": i} for i in (3, 9, 4)])
-    await _run_until(Runner(cfg, handle_signals=False), lambda: _all_committed(broker))
+    await run_until(Runner(cfg, handle_signals=False), lambda: all_committed(broker))
     from acklane.core.stores import AssetStore, open_backend
 
     backend = open_backend(f"sqlite:///{db}")

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from runner_harness import all_committed
 
 from acklane.connectors.memory import MemoryBroker
 from acklane.core import RawMessage, TriggerEvent
@@ -80,11 +81,6 @@ def _publish(broker: MemoryBroker, partition: int, body: dict[str, Any]) -> int:
 
 def _committed(broker: MemoryBroker, partition: int) -> int:
     return broker.committed(GROUP, "orders", partition)
-
-
-def _all_committed(broker: MemoryBroker) -> bool:
-    ends = broker.end_offsets("orders")
-    return all(_committed(broker, p) >= end for p, end in ends.items())
 
 
 async def _ids(db: Path, watcher: str) -> list[int]:
@@ -149,7 +145,7 @@ async def test_a_filter_that_returns_fails_its_cohort_and_the_message_it_was_on_
         _publish(broker, 0, {"id": i})
     task = asyncio.create_task(runner.run())
     try:
-        await _until(lambda: bool(LEFT_ON) and _all_committed(broker), task)
+        await _until(lambda: bool(LEFT_ON) and all_committed(broker, GROUP), task)
     finally:
         await _stop(runner, task)
     # Left in order, it would have acked message 3, and its sibling too: 3 committed
@@ -233,7 +229,7 @@ async def test_an_event_store_error_fails_the_cohort_before_the_watcher_detaches
         _publish(broker, i % 2, {"id": i})
     task = asyncio.create_task(runner.run())
     try:
-        await _until(lambda: _all_committed(broker), task)
+        await _until(lambda: all_committed(broker, GROUP), task)
         # The leaver's store write of 4 (partition 0) fails; it is left holding nothing
         # else, so partition 1 is free to advance past whatever comes next.
         failures.armed.add(("leaver", 4))
@@ -247,7 +243,7 @@ async def test_an_event_store_error_fails_the_cohort_before_the_watcher_detaches
             "message 5 was committed without the watcher that left"
         )
         leaver.resume.set()
-        await _until(lambda: _all_committed(broker), task)
+        await _until(lambda: all_committed(broker, GROUP), task)
     finally:
         leaver.resume.set()
         await _stop(runner, task)
@@ -266,7 +262,7 @@ async def test_an_orderly_stop_is_not_a_failure(tmp_path: Path, broker: MemoryBr
         _publish(broker, i % 2, {"id": i})
     task = asyncio.create_task(runner.run())
     try:
-        await _until(lambda: _all_committed(broker), task)
+        await _until(lambda: all_committed(broker, GROUP), task)
     finally:
         await _stop(runner, task)
     assert restarts == []

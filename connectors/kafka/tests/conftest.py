@@ -1,6 +1,7 @@
-"""Fixtures of the integration tests: a Kafka kit, connector configs, and open streams.
+"""Fixtures of the Kafka connector's tests: connector configs and open streams.
 
-The session's broker comes from acklane's pytest plugin (``kafka_emulator``);
+The session's broker and its kit come from acklane's pytest plugin (``kafka_emulator``,
+``kafka_kit``);
 every test makes its own topics and consumer groups, so tests never share state.
 """
 
@@ -8,22 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
 
 from acklane.connectors.kafka import KafkaConfig, KafkaDelivery, KafkaMessage, KafkaStreamProducer
-from acklane.integration.emulator import Emulator
 from acklane.integration.kafka import KafkaKit
-
-
-@pytest.fixture(scope="session")
-def kafka_kit(kafka_emulator: Emulator) -> Iterator[KafkaKit]:
-    """Topics, records and committed offsets on the session's Kafka emulator."""
-    kit = KafkaKit.of(kafka_emulator)
-    yield kit
-    kit.close()
 
 
 @pytest.fixture

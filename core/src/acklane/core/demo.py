@@ -16,8 +16,10 @@ The live table shows each message's fate and the committed offsets per partition
 The broker is a :class:`DemoBroker`. Core knows only ``memory`` (the in-process
 broker); other packages register theirs under the entry-point group
 ``acklane.demos`` (name -> a :class:`DemoBroker` subclass): ``acklane-integration``
-registers ``kafka``, a Kafka emulator. ``auto`` tries the registered ones (by name)
-and falls back to ``memory`` only when they raise :class:`DemoBrokerUnavailable`
+registers ``kafka``, a Kafka emulator, and ``pubsub`` and ``servicebus``, its own
+emulators of those. ``auto`` tries the registered ones that offer themselves to it
+(:attr:`DemoBroker.auto_order`, lowest first, then by name: ``kafka`` only) and
+falls back to ``memory`` only when they raise :class:`DemoBrokerUnavailable`
 (nothing to run them here, e.g. no emulator binary); any other error surfaces.
 """
 
@@ -166,14 +168,15 @@ class _DemoObserver(RunObserver):
         self.advances = 0
 
     def fired(self, watcher: str, event: TriggerEvent, message_id: str | None) -> None:
-        row = self.rows.get(_row_key(message_id or ""))
+        row = self.rows.get(self.broker.row_key(message_id or ""))
         if row is not None:
             row.fired[watcher] = row.fired.get(watcher, 0) + 1
 
     def advanced(self, key: Hashable, batch: Sequence[AdvanceItem]) -> None:
         self.advances += 1
         for item in batch:
-            row = self.rows.get(_row_key(self.broker.message_id_of(item.broker_payload) or ""))
+            message_id = self.broker.message_id_of(item.broker_payload) or ""
+            row = self.rows.get(self.broker.row_key(message_id))
             if row is None:
                 continue
             o = item.outcome
@@ -219,7 +222,7 @@ def _render(
     depth = ", ".join(f"{tid}={n}" for (_, tid), n in sorted(depths.items(), key=lambda x: x[0][1]))
     held = sum(1 for r in rows.values() if r.history and "redelivered" in r.history[-1])
     lines = [
-        Text(f"committed offsets: {committed or '-'}"),
+        Text(f"{broker.progress_label}: {committed or '-'}"),
         Text(
             f"held for redelivery now: {held}   advance calls: {observer.advances}   "
             f"queue depth: {depth or '-'}"
@@ -255,6 +258,11 @@ class DemoBroker(ABC):
     #: What the broker is, for "starting ..." and "could not start ..." lines.
     description: ClassVar[str] = "a broker"
     partitions: ClassVar[int] = 3
+    #: What the progress line calls :attr:`last_committed` (of :attr:`ends`) per partition.
+    progress_label: ClassVar[str] = "committed offsets"
+    #: ``--broker auto`` tries the brokers with an order, lowest first (then by name);
+    #: ``None``: only when named explicitly.
+    auto_order: ClassVar[int | None] = 0
 
     def __init__(self) -> None:
         #: What the demo runs on, shown in its title (may name the endpoint).
@@ -287,6 +295,14 @@ class DemoBroker(ABC):
         """
         message_id = getattr(broker_payload, "message_id", None)
         return message_id if isinstance(message_id, str) else None
+
+    def row_key(self, message_id: str) -> str:
+        """The table's ``partition/offset`` label of a message id (as :meth:`publish` gave it).
+
+        ``message_id`` is the producer's ``message_id()`` of a fired message, or
+        :meth:`message_id_of` of an advanced one. Default: its last two ``/`` parts.
+        """
+        return _row_key(message_id)
 
     def close(self) -> None:  # noqa: B027 - optional: nothing to release by default
         """Release the broker and everything it started; called once, after the run."""
@@ -394,9 +410,12 @@ def open_demo_broker(name: str, console: Console) -> DemoBroker:
     """
     if name != AUTO:
         return _start(load_demo_broker(name), console)
-    registered = sorted(_registered())
-    for other in registered:
-        cls = load_demo_broker(other)
+    candidates = [(name, load_demo_broker(name)) for name in sorted(_registered())]
+    registered = sorted(
+        ((cls.auto_order, name, cls) for name, cls in candidates if cls.auto_order is not None),
+        key=lambda entry: (entry[0], entry[1]),
+    )
+    for _, other, cls in registered:
         try:
             return _start(cls, console)
         except DemoBrokerUnavailable as exc:
@@ -456,7 +475,7 @@ async def _run(broker: DemoBroker, messages: int, console: Console) -> int:
         runner = Runner(config, observer=observer)
         console.print(
             f"[bold]acklane demo[/]: {messages} messages on {broker.label}, "
-            f"{broker.partitions} partitions, "
+            f"{broker.partitions} partition{'s' if broker.partitions != 1 else ''}, "
             f"3 watchers sharing one poll, events in SQLite at {db}"
         )
         started = time.monotonic()

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import pytest
 
 from .emulator import BACKEND_ENV, Emulator, emulator_for
+from .kafka import KafkaKit
 
 
 def _session_emulator(broker: str) -> Iterator[Emulator]:
@@ -28,6 +29,14 @@ def _session_emulator(broker: str) -> Iterator[Emulator]:
 def kafka_emulator() -> Iterator[Emulator]:
     """A Kafka-protocol broker: tansu locally, ``apache/kafka`` under Docker."""
     yield from _session_emulator("kafka")
+
+
+@pytest.fixture(scope="session")
+def kafka_kit(kafka_emulator: Emulator) -> Iterator[KafkaKit]:
+    """Topics, records and committed offsets on the session's Kafka emulator."""
+    kit = KafkaKit.of(kafka_emulator)
+    yield kit
+    kit.close()
 
 
 @pytest.fixture(scope="session")
