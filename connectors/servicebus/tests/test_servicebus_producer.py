@@ -134,6 +134,7 @@ async def test_a_lost_lock_is_counted_and_the_message_redelivered(
         assert again.delivery_count == 1
         await producer.advance([AdvanceItem(delivery2, CLEAN)])
         await producer.advance([AdvanceItem(delivery, CLEAN)])  # lock lost: counted
+        await producer.flush()  # settlements are sent in the background
         assert producer.lock_lost == 1
     finally:
         await stream.aclose()
@@ -211,3 +212,37 @@ async def test_a_failed_message_holds_its_session(
         await stream.aclose()
         await producer.aclose()
     assert bus.counts(queue)["messages"] == 0
+
+
+async def test_settlements_are_sent_in_the_background_and_a_failure_fails_the_next_advance(
+    bus: ServiceBusEmulator, kit: ServiceBusKit, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from azure.servicebus.aio import ServiceBusReceiver
+    from azure.servicebus.exceptions import ServiceBusError
+
+    queue = bus.create_queue(lock_duration=5)
+    kit.send(queue, [b"a", b"b", b"c"])
+    producer = ServiceBusStreamProducer(config(bus, queue))
+    stream = producer.open_stream()
+    try:
+        got = await take(stream, 3)
+        await producer.advance([AdvanceItem(got[0][1], CLEAN)])
+        await producer.flush()  # returns once Service Bus answered
+        assert producer.completed == 1
+
+        async def refuse(self: ServiceBusReceiver, message: Any) -> None:
+            raise ServiceBusError("the broker said no")
+
+        monkeypatch.setattr(ServiceBusReceiver, "complete_message", refuse)
+        await producer.advance([AdvanceItem(got[1][1], CLEAN)])
+        with pytest.raises(ServiceBusError):
+            await producer.flush()
+        with pytest.raises(ServiceBusError, match="the broker said no"):
+            await producer.advance([AdvanceItem(got[2][1], CLEAN)])
+        with pytest.raises(ServiceBusError):
+            await take(stream, 1)  # the stream fails too: the group fails
+    finally:
+        await stream.aclose()
+        await producer.aclose()
+    assert producer.completed == 1  # the refused one was never completed: it comes back
+    assert bus.counts(queue)["messages"] == 2

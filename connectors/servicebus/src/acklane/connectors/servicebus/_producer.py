@@ -6,7 +6,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncGenerator, Hashable, Mapping, Sequence
+from collections import deque
+from collections.abc import AsyncGenerator, Coroutine, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -35,6 +36,12 @@ log = logging.getLogger("acklane.connectors.servicebus")
 #: Service Bus limits a DeadLetterErrorDescription to 4096 characters; keep well under.
 _DESCRIPTION_MAX_BYTES = 1024
 _LOCK_LOST = (MessageLockLostError, SessionLockLostError)
+#: Settlements sent at once (concurrently) by one flush pass.
+_SETTLE_CONCURRENCY = 64
+#: Queued settlements past which ``advance`` waits for a flush (back-pressure).
+_BUFFER_LIMIT = 1000
+#: Seconds a receive waits at most while the receiver has messages the engine holds.
+_BUSY_WAIT = 0.05
 
 
 class ServiceBusConnectorError(ConnectorError, RuntimeError):
@@ -72,6 +79,28 @@ class ServiceBusDelivery:
     settled: bool = False
 
 
+@dataclass(slots=True, eq=False)
+class _Settlement:
+    """A settlement the engine decided, waiting for the flusher to send it."""
+
+    delivery: ServiceBusDelivery
+    verdict: Verdict
+    reason: str = ""
+
+
+async def _shielded(work: Coroutine[Any, Any, None]) -> None:
+    """Run ``work`` to its end even if the caller is cancelled: settlements taken off
+    the queue are sent, never dropped half-way (``aclose`` waits for them)."""
+    task = asyncio.ensure_future(work)
+    task.add_done_callback(_retrieve)
+    await asyncio.shield(task)
+
+
+def _retrieve(task: asyncio.Future[None]) -> None:
+    if not task.cancelled():
+        task.exception()  # recorded by _fail; not "never retrieved" if nobody awaits it
+
+
 def _text(value: Any) -> str:
     if isinstance(value, bytes):
         return value.decode("utf-8", errors="replace")
@@ -84,6 +113,11 @@ class ServiceBusStreamProducer(SharedStreamProducer):
     Lanes: the session id on session-enabled entities (a failed message holds its
     session), the message itself otherwise. Every outstanding message's lock (or
     its session's lock) is renewed until the engine resolves it.
+
+    Settlements are sent in the background: ``advance`` queues them and a flusher
+    task sends them concurrently, each on the receiver that received its message
+    (see ``flush``). A settlement that fails otherwise than by a lost lock fails
+    the group at the next ``advance`` or receive.
     """
 
     def __init__(self, config: ServiceBusConfig) -> None:
@@ -102,6 +136,13 @@ class ServiceBusStreamProducer(SharedStreamProducer):
         self._tasks: list[asyncio.Task[None]] = []
         self._queue: asyncio.Queue[tuple[ServiceBusRecord, ServiceBusDelivery] | BaseException]
         self._queue = asyncio.Queue()
+        self._to_settle: deque[_Settlement] = deque()
+        #: Settlements sent and not yet answered, by receiver (a session waits for its own).
+        self._settling: dict[ServiceBusReceiver, int] = {}
+        self._flush_lock = asyncio.Lock()  # one flush at a time: flush() returns when all landed
+        self._flush_wanted = asyncio.Event()
+        self._flusher_task: asyncio.Task[None] | None = None
+        self._failure: BaseException | None = None
         self._opened = False
         self._closed = False
 
@@ -147,6 +188,9 @@ class ServiceBusStreamProducer(SharedStreamProducer):
                 asyncio.create_task(self._receive_loop(), name=f"acklane servicebus receive {n}")
             )
         self._tasks.append(asyncio.create_task(self._renew_loop(), name="acklane servicebus renew"))
+        self._flusher_task = asyncio.create_task(
+            self._flush_loop(), name="acklane servicebus settle"
+        )
         while True:
             item = await self._queue.get()
             if isinstance(item, BaseException):
@@ -160,16 +204,17 @@ class ServiceBusStreamProducer(SharedStreamProducer):
                 while True:
                     await self._one_session()
             else:
+                # Closed by aclose, after its last settlements: not when this task ends.
                 receiver = self._receiver(session=False)
                 self._receivers.add(receiver)
-                async with receiver:
-                    while True:
-                        await self._receive_batch(receiver, None)
+                await receiver.__aenter__()
+                while True:
+                    await self._receive_batch(receiver, None)
         except asyncio.CancelledError:
             raise
         except BaseException as exc:
             log.error("%s: receive failed: %r; the group will fail", self.config.describe(), exc)
-            self._queue.put_nowait(exc)
+            self._fail(exc)
 
     async def _one_session(self) -> None:
         receiver = self._receiver(session=True)
@@ -184,7 +229,7 @@ class ServiceBusStreamProducer(SharedStreamProducer):
         try:
             while not release.is_set():
                 got = await self._receive_or_release(receiver, session_id, release)
-                mine = any(d.receiver is receiver for d in self._outstanding.values())
+                mine = self._holds(receiver)
                 if got or mine:
                     idle_since = time.monotonic()
                 elif time.monotonic() - idle_since >= self.config.session_idle_timeout:
@@ -195,9 +240,14 @@ class ServiceBusStreamProducer(SharedStreamProducer):
         except OperationTimeoutError:
             # No session came with the link after all (the SDK reports it on the first
             # receive, not on opening): ask again.
-            if any(d.receiver is receiver for d in self._outstanding.values()):
+            if self._holds(receiver):
                 raise
         finally:
+            # What the engine resolved of this session is settled before the session goes
+            # (closing the receiver would release it): a session let go behind a failed
+            # message keeps its earlier messages completed, in order.
+            with contextlib.suppress(Exception):
+                await self._settle_receiver(receiver)
             self._sessions.pop(receiver, None)
             self._receivers.discard(receiver)
             with contextlib.suppress(Exception):
@@ -225,11 +275,31 @@ class ServiceBusStreamProducer(SharedStreamProducer):
     async def _receive_batch(self, receiver: ServiceBusReceiver, session_id: str | None) -> int:
         return self._hand_on(receiver, session_id, await self._receive_messages(receiver))
 
+    def _holds(self, receiver: ServiceBusReceiver) -> bool:
+        """Whether messages of this receiver are outstanding or wait for settlement."""
+        return (
+            any(d.receiver is receiver for d in self._outstanding.values())
+            or any(s.delivery.receiver is receiver for s in self._to_settle)
+            or self._settling.get(receiver, 0) > 0
+        )
+
     async def _receive_messages(self, receiver: ServiceBusReceiver) -> list[Any]:
+        # A settlement waits while a receive reads the receiver's connection (the SDK
+        # holds one lock for reads and writes, a read lasting up to the socket timeout).
+        # Settlements queued before the receive go first, without that contention.
+        await self._settle_receiver(receiver)
         messages: list[Any] = await receiver.receive_messages(
-            max_message_count=self.config.max_batch, max_wait_time=self.config.max_wait_time
+            max_message_count=self.config.max_batch, max_wait_time=self._wait_time(receiver)
         )
         return messages
+
+    def _wait_time(self, receiver: ServiceBusReceiver) -> float:
+        """``max_wait_time``, cut short while this receiver has messages the engine holds:
+        their settlements should not wait behind a long empty receive."""
+        wait = self.config.max_wait_time
+        if self._holds(receiver):
+            return min(wait, _BUSY_WAIT)
+        return wait
 
     def _hand_on(
         self, receiver: ServiceBusReceiver, session_id: str | None, messages: list[Any]
@@ -299,6 +369,8 @@ class ServiceBusStreamProducer(SharedStreamProducer):
     # ----------------------------------------------------------------- advance
 
     async def advance(self, batch: Sequence[AdvanceItem]) -> None:
+        """Queue each resolved message's settlement; the flusher sends them."""
+        self._raise_failure()
         for item in batch:
             delivery: ServiceBusDelivery = item.broker_payload
             self._outstanding.pop(id(delivery), None)
@@ -309,37 +381,135 @@ class ServiceBusStreamProducer(SharedStreamProducer):
                 self._let_session_go(delivery)
                 continue
             delivery.settled = True
-            receiver, message = delivery.receiver, delivery.message
+            reason = outcome_reason(item.outcome) if judged is Verdict.DEAD_LETTER else ""
+            self._to_settle.append(_Settlement(delivery, judged, reason))
+        if len(self._to_settle) >= _BUFFER_LIMIT:
+            await self.flush()  # the flusher fell behind: push back on the engine
+        if self._to_settle:
+            self._flush_wanted.set()
+
+    # ------------------------------------------------------------------ settle
+
+    async def _flush_loop(self) -> None:
+        while True:
+            await self._flush_wanted.wait()
+            self._flush_wanted.clear()
+            with contextlib.suppress(Exception):  # recorded by _fail: the group fails
+                await self.flush()
+
+    async def flush(self) -> None:
+        """Send every queued settlement; return once Service Bus answered them all.
+
+        Raises the first failure other than a lost lock (the group fails).
+        """
+        await _shielded(self._flush_now())
+
+    async def _flush_now(self) -> None:
+        async with self._flush_lock:
+            while self._to_settle:
+                chunk = [
+                    self._to_settle.popleft()
+                    for _ in range(min(_SETTLE_CONCURRENCY, len(self._to_settle)))
+                ]
+                try:
+                    await self._settle_all(chunk)
+                except Exception as exc:
+                    self._fail(exc)
+                    raise
+
+    async def _settle_receiver(self, receiver: ServiceBusReceiver) -> None:
+        """Send this receiver's queued settlements now (before it receives or closes)."""
+        if any(s.delivery.receiver is receiver for s in self._to_settle):
+            await _shielded(self._settle_receiver_now(receiver))
+
+    async def _settle_receiver_now(self, receiver: ServiceBusReceiver) -> None:
+        async with self._flush_lock:
+            mine = [s for s in self._to_settle if s.delivery.receiver is receiver]
+            if not mine:
+                return  # a flush took them meanwhile
+            rest = [s for s in self._to_settle if s.delivery.receiver is not receiver]
+            self._to_settle = deque(rest)
             try:
-                match judged:
-                    case Verdict.COMMIT:
-                        await receiver.complete_message(message)
-                        self.completed += 1
-                    case Verdict.DEAD_LETTER:
-                        reason = outcome_reason(item.outcome)
-                        await receiver.dead_letter_message(
-                            message,
-                            reason=bounded_text(reason, 256),
-                            error_description=bounded_text(reason, _DESCRIPTION_MAX_BYTES),
-                        )
-                        self.dead_lettered += 1
-                    case Verdict.REDELIVER:
-                        await receiver.abandon_message(message)
-                        self.abandoned += 1
-            except _LOCK_LOST as exc:
-                # The lock lapsed or the session went: Service Bus delivers it again.
-                self.lock_lost += 1
-                log.warning(
-                    "%s: message %s: lock lost before settlement (%s); it will be redelivered",
-                    self.config.describe(),
-                    delivery.identity,
-                    type(exc).__name__,
-                )
-            except ServiceBusError as exc:
-                if "lock" in str(exc).lower() and "lost" in str(exc).lower():
-                    self.lock_lost += 1
-                    continue
+                for start in range(0, len(mine), _SETTLE_CONCURRENCY):
+                    await self._settle_all(mine[start : start + _SETTLE_CONCURRENCY])
+            except Exception as exc:
+                self._fail(exc)
                 raise
+
+    async def _settle_all(self, chunk: list[_Settlement]) -> None:
+        """Settle concurrently: a settlement costs a round trip, not a receive's read."""
+        for s in chunk:
+            receiver = s.delivery.receiver
+            self._settling[receiver] = self._settling.get(receiver, 0) + 1
+        try:
+            results = await asyncio.gather(
+                *(self._settle(s) for s in chunk), return_exceptions=True
+            )
+        finally:
+            for s in chunk:
+                receiver = s.delivery.receiver
+                left = self._settling[receiver] - 1
+                if left:
+                    self._settling[receiver] = left
+                else:
+                    del self._settling[receiver]
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+
+    async def _settle(self, settlement: _Settlement) -> None:
+        delivery = settlement.delivery
+        receiver, message = delivery.receiver, delivery.message
+        try:
+            match settlement.verdict:
+                case Verdict.COMMIT:
+                    await receiver.complete_message(message)
+                    self.completed += 1
+                case Verdict.DEAD_LETTER:
+                    reason = settlement.reason
+                    await receiver.dead_letter_message(
+                        message,
+                        reason=bounded_text(reason, 256),
+                        error_description=bounded_text(reason, _DESCRIPTION_MAX_BYTES),
+                    )
+                    self.dead_lettered += 1
+                case Verdict.REDELIVER:
+                    await receiver.abandon_message(message)
+                    self.abandoned += 1
+        except _LOCK_LOST as exc:
+            # The lock lapsed or the session went: Service Bus delivers it again.
+            self._lost_before_settlement(delivery, type(exc).__name__)
+        except ServiceBusError as exc:
+            if "lock" in str(exc).lower() and "lost" in str(exc).lower():
+                self._lost_before_settlement(delivery, type(exc).__name__)
+                return
+            raise
+        except ValueError:
+            if receiver in self._receivers:
+                raise
+            # Its receiver was closed already (its session let go, or lost): closing
+            # released the message, and Service Bus delivers it again.
+            self._lost_before_settlement(delivery, "receiver closed")
+
+    def _lost_before_settlement(self, delivery: ServiceBusDelivery, why: str) -> None:
+        self.lock_lost += 1
+        log.warning(
+            "%s: message %s: lock lost before settlement (%s); it will be redelivered",
+            self.config.describe(),
+            delivery.identity,
+            why,
+        )
+
+    def _fail(self, exc: BaseException) -> None:
+        """Fail the group: at the next advance, and at the stream's next receive."""
+        if self._failure is None:
+            self._failure = exc
+            log.error("%s: %r; the group will fail", self.config.describe(), exc)
+            self._queue.put_nowait(exc)
+
+    def _raise_failure(self) -> None:
+        if self._failure is not None:
+            raise self._failure
 
     def _let_session_go(self, failed: ServiceBusDelivery) -> None:
         """A session's message must come again: its session receiver lets the session go.
@@ -435,7 +605,11 @@ class ServiceBusStreamProducer(SharedStreamProducer):
     # ------------------------------------------------------------------- close
 
     async def aclose(self) -> None:
-        """Stop receiving and close the client; unresolved locks lapse (redelivery)."""
+        """Stop receiving, send the queued settlements, close the receivers and client.
+
+        Messages the engine never resolved are not settled: their locks lapse
+        (redelivery), or closing their session's receiver releases them.
+        """
         if self._closed:
             return
         self._closed = True
@@ -444,9 +618,25 @@ class ServiceBusStreamProducer(SharedStreamProducer):
         for task in self._tasks:
             with contextlib.suppress(BaseException):
                 await task
+        if self._flusher_task is not None:
+            async with self._flush_lock:  # a flush in flight holds popped settlements
+                self._flusher_task.cancel()
+                with contextlib.suppress(BaseException):
+                    await self._flusher_task
+        try:
+            async with asyncio.timeout(30):
+                await self.flush()
+        except Exception as exc:
+            log.warning(
+                "%s: final settlements failed (%r); Service Bus redelivers those messages "
+                "when their locks lapse",
+                self.config.describe(),
+                exc,
+            )
         for receiver in list(self._receivers):
             with contextlib.suppress(Exception):
                 await receiver.close()
+        self._receivers.clear()
         if self._client is not None:
             with contextlib.suppress(Exception):
                 await self._client.close()
