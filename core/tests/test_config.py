@@ -604,3 +604,53 @@ def test_the_error_sample_in_the_docs_is_the_real_output(
     result = CliRunner().invoke(app, ["validate", "pipeline.yaml"])
     assert result.exit_code == 2
     assert result.stderr == console.group(1)
+
+
+def _pipeline_with_its_own_filter(tmp_path: Path) -> tuple[Path, str]:
+    """A pipeline folder: the YAML and, beside it, the module of its function filter."""
+    package = f"mypipeline_{uuid.uuid4().hex[:8]}"
+    (tmp_path / package).mkdir()
+    (tmp_path / package / "__init__.py").write_text("")
+    (tmp_path / package / "filters.py").write_text(
+        "def big_orders(message):\n    return message.json() if message.json()['n'] > 1 else None\n"
+    )
+    yaml = VALID.replace(
+        "      match:\n        body.amount: {gt: 100}",
+        f"      function: {package}.filters:big_orders",
+    )
+    return write(tmp_path, yaml), package
+
+
+def test_a_function_filter_is_imported_from_the_configuration_files_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path, package = _pipeline_with_its_own_filter(tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    config = load_config(path, env={})
+    [big, _] = build_watchers(config)
+    assert big.compiled_filter.evaluate(RawMessage(b'{"n": 2}')) == [{"n": 2}]
+    sys.modules.pop(f"{package}.filters", None)
+    sys.modules.pop(package, None)
+
+
+def test_acklane_validate_finds_a_filter_beside_the_yaml_from_another_directory(
+    tmp_path: Path,
+) -> None:
+    import subprocess
+
+    path, _ = _pipeline_with_its_own_filter(tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    done = subprocess.run(
+        [sys.executable, "-m", "acklane.core.cli", "validate", str(path)],
+        cwd=elsewhere,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "No module named" not in done.stdout + done.stderr

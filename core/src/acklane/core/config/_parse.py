@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import sys
 from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, NamedTuple, NoReturn
@@ -215,9 +216,25 @@ def _read_file(path: str | os.PathLike[str]) -> tuple[str, str]:
 def load_config(
     path: str | os.PathLike[str], *, env: Mapping[str, str] | None = None
 ) -> AcklaneConfig:
-    """Read and validate a YAML configuration file; raises :class:`ConfigError`."""
+    """Read and validate a YAML configuration file; raises :class:`ConfigError`.
+
+    Function filters (``function: mypipeline.filters:big_orders``) are imported from
+    the configuration file's directory first, then the working directory.
+    """
     source, text = _read_file(path)
+    _add_import_roots(Path(source).resolve().parent, Path.cwd())
     return parse_config(text, source=source, env=env)
+
+
+def _add_import_roots(*directories: Path) -> None:
+    """Put the directories at the front of ``sys.path``, in order, once each.
+
+    A pipeline's filters live beside its YAML; the ``acklane`` script's own
+    ``sys.path`` holds neither that directory nor the working directory. They stay
+    on the path: a filter may import its own helpers later, while it runs.
+    """
+    wanted = [str(d) for d in directories]
+    sys.path[:] = wanted + [p for p in sys.path if p not in wanted]
 
 
 def load_store_config(
