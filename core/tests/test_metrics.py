@@ -56,6 +56,22 @@ async def test_collector_exposes_broadcast_outcomes_advances_and_persisted(tmp_p
     assert 'acklane_connector_actions_total{action="delivered",key=' in text
     assert 'acklane_connector_actions_total{action="dead_lettered",key=' in text
     MemoryBroker.remove(name)
+    scraped_names = {
+        line.split("{", 1)[0].split(" ", 1)[0]
+        for line in text.splitlines()
+        if line.startswith("acklane_")
+    }
+    assert scraped_names == _documented_metrics()
+
+
+def _documented_metrics() -> set[str]:
+    """The metric names of docs/engine.md's table: what users alert on must exist."""
+    docs = Path(__file__).resolve().parents[2] / "docs" / "engine.md"
+    names = set()
+    for line in docs.read_text(encoding="utf-8").splitlines():
+        if line.startswith("| `acklane_"):
+            names.add(line.split("`")[1])
+    return names
 
 
 async def test_a_producer_whose_counters_fail_is_left_out_of_a_scrape() -> None:
