@@ -919,3 +919,12 @@ def test_cli_tail_follows_new_events_and_exits_cleanly_on_ctrl_c(sqlite_url: str
         stderr = proc.stderr.read()
     assert proc.returncode == 0, stderr
     assert "Traceback" not in stderr
+
+
+def test_the_displayed_store_url_hides_the_password_and_secret_query_parameters() -> None:
+    from acklane.core.events._store import display_url
+
+    shown = display_url("postgresql://u:pw-123456@h/db?sslpassword=topsecret1&application_name=x")
+    assert "pw-123456" not in shown
+    assert "topsecret1" not in shown
+    assert "application_name=x" in shown

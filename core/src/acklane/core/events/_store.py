@@ -23,6 +23,7 @@ from typing import Literal
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from ..redact import redact_url
 from ..sql import DEFAULT_URL, async_engine
 from ._insert import BatchInsert, batch_insert_for
 from ._model import EncodedRow, EventRecord, StoredEvent, encode_record
@@ -437,11 +438,12 @@ def backoff(initial: float, cap: float) -> Iterator[float]:
 
 
 def display_url(url: str) -> str:
-    """The URL without its password, for logs and errors."""
+    """The URL without its password or secret query parameters, for logs and errors."""
     try:
-        return make_url(url).render_as_string(hide_password=True)
+        rendered = make_url(url).render_as_string(hide_password=True)
     except Exception:
         return "<invalid URL>"
+    return redact_url(rendered)
 
 
 def _is_sqlite_memory(url: str) -> bool:
