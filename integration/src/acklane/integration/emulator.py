@@ -12,8 +12,10 @@ from __future__ import annotations
 import importlib
 import os
 import socket
+import subprocess
 import time
 from abc import ABC, abstractmethod
+from pathlib import Path
 from typing import Any, ClassVar, Self
 
 from acklane.core.errors import AcklaneError
@@ -78,6 +80,40 @@ class Emulator(ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class LocalProcessEmulator(Emulator):
+    """An emulator run as a local subprocess whose output goes to a temporary log file.
+
+    Subclasses start ``_process`` and open ``_log`` (a named temporary file); this
+    base stops the one and removes the other, once.
+    """
+
+    _process: subprocess.Popen[bytes] | None
+    _log: Any
+    #: How many lines of the log an error message shows.
+    log_tail_lines: ClassVar[int] = 20
+
+    def stop(self) -> None:
+        process, self._process = self._process, None
+        if process is not None and process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=5)
+        if self._log is not None:
+            self._log.close()
+            Path(self._log.name).unlink(missing_ok=True)
+            self._log = None
+
+    def _log_tail(self) -> str:
+        if self._log is None:
+            return ""
+        self._log.flush()
+        text = Path(self._log.name).read_text(errors="replace")
+        return "\n".join(text.splitlines()[-self.log_tail_lines :])
 
 
 def free_port() -> int:

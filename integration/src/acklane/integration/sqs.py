@@ -15,10 +15,9 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 from typing import Any, ClassVar
 
-from .emulator import Emulator, EmulatorError, free_port, wait_for_port
+from .emulator import Emulator, EmulatorError, LocalProcessEmulator, free_port, wait_for_port
 
 __all__ = ["DOCKER", "LOCAL", "LocalStackSqs", "MotoSqs", "SqsQueues"]
 
@@ -63,7 +62,7 @@ def _list_queues_until_healthy(endpoint: str, region: str, timeout: float, alive
         client.close()
 
 
-class MotoSqs(Emulator):
+class MotoSqs(LocalProcessEmulator):
     """moto's server (``python -m moto.server``) in a subprocess on a free port.
 
     A subprocess rather than moto's in-process thread: it can be killed, and its
@@ -134,27 +133,6 @@ class MotoSqs(Emulator):
             max(deadline - time.monotonic(), 1.0),
             lambda: process.poll() is None,
         )
-
-    def stop(self) -> None:
-        process, self._process = self._process, None
-        if process is not None and process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=5)
-        if self._log is not None:
-            self._log.close()
-            Path(self._log.name).unlink(missing_ok=True)
-            self._log = None
-
-    def _log_tail(self, lines: int = 20) -> str:
-        if self._log is None:
-            return ""
-        self._log.flush()
-        text = Path(self._log.name).read_text(errors="replace")
-        return "\n".join(text.splitlines()[-lines:])
 
 
 class LocalStackSqs(Emulator):

@@ -22,10 +22,9 @@ import time
 import uuid
 from collections.abc import Iterable, Mapping
 from datetime import timedelta
-from pathlib import Path
 from typing import Any, ClassVar
 
-from ..emulator import Emulator, EmulatorError, free_port, wait_for_port
+from ..emulator import Emulator, EmulatorError, LocalProcessEmulator, free_port, wait_for_port
 from ._server import INSPECT_STATS, RELAXED_ENV, PubSubServer, PubSubState, ServerThread
 
 __all__ = [
@@ -122,7 +121,7 @@ def _wait_until_answers(host: str, timeout: float, alive: Any) -> None:
         channel.close()
 
 
-class PubSubEmulator(Emulator):
+class PubSubEmulator(LocalProcessEmulator):
     """acklane's Pub/Sub emulator in a subprocess on a free port.
 
     ``relaxed`` (default: ``$ACKLANE_PUBSUB_RELAXED``) allows ack deadlines from
@@ -201,27 +200,6 @@ class PubSubEmulator(Emulator):
         _wait_until_answers(
             self.endpoint, max(deadline - time.monotonic(), 1.0), lambda: process.poll() is None
         )
-
-    def stop(self) -> None:
-        process, self._process = self._process, None
-        if process is not None and process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=5)
-        if self._log is not None:
-            self._log.close()
-            Path(self._log.name).unlink(missing_ok=True)
-            self._log = None
-
-    def _log_tail(self, lines: int = 20) -> str:
-        if self._log is None:
-            return ""
-        self._log.flush()
-        text = Path(self._log.name).read_text(errors="replace")
-        return "\n".join(text.splitlines()[-lines:])
 
 
 class GooglePubSubEmulator(Emulator):

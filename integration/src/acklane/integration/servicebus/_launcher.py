@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ..emulator import Emulator, EmulatorError, free_port, wait_for_port
+from ..emulator import Emulator, EmulatorError, LocalProcessEmulator, free_port, wait_for_port
 from ._server import DEFAULT_KEY, DEFAULT_KEY_NAME
 
 __all__ = [
@@ -43,11 +43,12 @@ def connection_string(host: str, port: int, key: str = DEFAULT_KEY) -> str:
     )
 
 
-class ServiceBusEmulator(Emulator):
+class ServiceBusEmulator(LocalProcessEmulator):
     """acklane's emulator in a subprocess, on a free port, with an HTTP admin endpoint."""
 
     broker: ClassVar[str] = "servicebus"
     backend: ClassVar[str] = "local"
+    log_tail_lines: ClassVar[int] = 30
 
     def __init__(
         self,
@@ -135,26 +136,6 @@ class ServiceBusEmulator(Emulator):
                 if not self.running or time.monotonic() > deadline:
                     raise EmulatorError(f"Service Bus emulator unhealthy: {exc}") from exc
                 time.sleep(0.05)
-
-    def stop(self) -> None:
-        process, self._process = self._process, None
-        if process is not None and process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=5)
-        if self._log is not None:
-            self._log.close()
-            Path(self._log.name).unlink(missing_ok=True)
-            self._log = None
-
-    def _log_tail(self, lines: int = 30) -> str:
-        if self._log is None:
-            return ""
-        self._log.flush()
-        return "\n".join(Path(self._log.name).read_text(errors="replace").splitlines()[-lines:])
 
     # -- administration (tests)
 
