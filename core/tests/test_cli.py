@@ -139,7 +139,8 @@ def test_validate_json_lists_every_problem_with_file_line_field_and_message(
             "field": "engine.ack_timout",
             "message": "unknown field; did you mean 'ack_timeout'? (expected one of: "
             "ack_timeout, subscriber_queue_size, cohort_grace_period, overflow, "
-            "restart_backoff_initial, restart_backoff_max, shutdown_timeout)",
+            "restart_backoff_initial, restart_backoff_max, max_restarts, shutdown_timeout, "
+            "progress_interval)",
         },
         {
             "file": str(cfg),
@@ -200,6 +201,7 @@ def test_config_show_prints_the_resolved_configuration(
         "dlq_topic": None,
         "batch_size": 256,
         "poll_interval": 1.0,
+        "max_attempts": 5,
     }
     assert document["watchers"][0]["filter"]["match"] == {"body.amount": {"gt": 1}}
     yaml_text = runner.invoke(app, ["config", "show", str(cfg)]).stdout

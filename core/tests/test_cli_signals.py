@@ -31,7 +31,9 @@ def fire(message):
 """
 
 
-def _start(tmp_path: Path, seconds: float, *options: str) -> tuple[subprocess.Popen[str], Path]:
+def _start(
+    tmp_path: Path, seconds: float, *options: str, filter_function: str = "slow_filters:fire"
+) -> tuple[subprocess.Popen[str], Path]:
     (tmp_path / "slow_filters.py").write_text(SLOW_MODULE.format(seconds=seconds))
     db = tmp_path / "e.db"
     cfg = tmp_path / "p.yaml"
@@ -42,7 +44,7 @@ def _start(tmp_path: Path, seconds: float, *options: str) -> tuple[subprocess.Po
             streams:
               s: {{connector: memory, topics: [t]}}
             watchers:
-              - {{name: w, stream: s, filter: {{function: "slow_filters:fire"}}}}
+              - {{name: w, stream: s, filter: {{function: "{filter_function}"}}}}
             """
         )
     )
@@ -58,6 +60,22 @@ def _start(tmp_path: Path, seconds: float, *options: str) -> tuple[subprocess.Po
         env=env,
     )
     return proc, db
+
+
+BUSY_MODULE = """\
+import sys
+import time
+
+from acklane.connectors.memory import MemoryBroker
+
+MemoryBroker.get().publish("t", b"{}")
+
+
+def hold(message):
+    print("busy_filters: holding", file=sys.stderr, flush=True)
+    time.sleep(2)
+    return {"n": 1}
+"""
 
 
 def _wait_for(proc: subprocess.Popen[str], text: str) -> str:
@@ -157,3 +175,28 @@ def test_global_options_before_run_keep_the_start_up_handlers(tmp_path: Path) ->
     assert "SIGTERM during start-up: stopping before the pipeline starts" in messages
     assert "Stopped before the pipeline started: nothing to finish" in messages
     assert not db.exists()
+
+
+def test_a_second_signal_while_stopping_exits_at_once_without_a_traceback(
+    tmp_path: Path,
+) -> None:
+    """Two SIGTERMs in a row (what a process-group kill under `uv run` sends): the second
+    cuts the graceful stop short with one line and 128 + the signal's number."""
+    # A filter that holds the loop on the one message its module published: both signals
+    # arrive while the stop is still in progress (two signals sent back to back could be
+    # merged by the kernel into one).
+    (tmp_path / "busy_filters.py").write_text(BUSY_MODULE)
+    proc, _ = _start(tmp_path, seconds=0, filter_function="busy_filters:hold")
+    try:
+        _wait_for(proc, "busy_filters: holding")
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGTERM)
+        _, rest = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 128 + signal.SIGTERM, rest
+    assert "Traceback" not in rest
+    assert "Stopped at once by a second SIGTERM" in rest

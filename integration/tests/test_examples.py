@@ -1,10 +1,18 @@
-"""``examples/pubsub.yaml`` and ``examples/servicebus.yaml`` work as their headers say.
+"""Every pipeline of ``examples/`` works as its header says, against the emulator it starts.
 
-Each test follows its example's header: ``acklane emulator start BROKER --port P``
-with the entities it names (the CLI, the launcher it uses, as a subprocess), the
-environment variables the example reads, ``acklane validate``, then ``acklane run``
-until the first trigger events are stored, and SIGTERM: it must exit 0. The local
-backend unless ``ACKLANE_EMULATOR_BACKEND=docker``.
+For each broker's example, the test runs the ``uv run acklane ...`` commands of
+the file's header, in order and as written (with this environment's ``acklane``
+instead of ``uv run acklane``, from the repository's root): ``emulator start``
+(kept running), ``publish`` of ``examples/orders.jsonl``, ``run`` until the
+trigger events of the four orders are stored and the poison order is in the
+dead-letter destination with acklane's reason (read back with the broker's SDK),
+then SIGTERM (exit 0), and ``events list``. The only change: the example's
+address variable (``KAFKA_BOOTSTRAP_SERVERS``...) points at a free port, which
+``emulator start --config`` listens on. The local backend unless
+``ACKLANE_EMULATOR_BACKEND=docker`` (then the variables the emulator prints).
+
+``examples/pipeline.yaml`` (the in-process memory broker) validates, runs until
+SIGTERM, and ``acklane publish`` to it fails with the reason.
 """
 
 from __future__ import annotations
@@ -13,6 +21,7 @@ import asyncio
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -25,42 +34,51 @@ from typing import Any
 import pytest
 import yaml
 
+from acklane.core.deadletter import REJECT_REASON
 from acklane.core.events import EventStore
+from acklane.core.redact import MASK
+from acklane.integration.cli import example_environment
 from acklane.integration.emulator import BACKEND_ENV, free_port
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
 ACKLANE = [sys.executable, "-m", "acklane.core.cli"]
+BROKERS = ("kafka", "sqs", "pubsub", "servicebus")
 
-ORDERS = [
-    {"type": "order.created", "id": 1, "amount": 150},
-    {"type": "order.created", "id": 2, "amount": 20},
-    {"type": "order.created", "id": 3, "amount": 420},
-]
+#: examples/orders.jsonl: four orders; big-orders fires on 2, rejects the 4th
+#: (a negative amount); online-orders and order-audit fire on all 4.
+EXPECTED_EVENTS = 10
+POISON_ID = 4
 
 
-def _header_commands(example: Path) -> list[list[str]]:
-    """The ``uv run acklane ...`` commands of the example's header, as argument lists."""
+def header_commands(example: Path) -> list[list[str]]:
+    """The ``uv run acklane ...`` commands of a file's comment header, as argument lists."""
     text = "\n".join(
         line.removeprefix("#").strip()
         for line in example.read_text().splitlines()
         if line.startswith("#")
     ).replace("\\\n", " ")
-    commands = []
-    for match in re.finditer(r"uv run acklane (.+)", text):
-        commands.append(match.group(1).split())
-    return commands
+    return [shlex.split(m.group(1)) for m in re.finditer(r"uv run acklane (.+)", text)]
 
 
-def _emulator_command(example: Path, broker: str, port: int) -> list[str]:
-    start = [c for c in _header_commands(example) if c[:3] == ["emulator", "start", broker]]
-    assert len(start) == 1, f"{example.name}: one 'acklane emulator start {broker}' expected"
-    args = start[0]
-    args[args.index("--port") + 1] = str(port)  # the header's port may be taken here
-    backend = "docker" if os.environ.get(BACKEND_ENV, "").strip().lower() == "docker" else "local"
-    return [*ACKLANE, *args, "--backend", backend]
+def _backend() -> str:
+    return "docker" if os.environ.get(BACKEND_ENV, "").strip().lower() == "docker" else "local"
 
 
-class _Lines:
+def _address_environment(broker: str, port: int) -> dict[str, str]:
+    """The example's address variable, set to ``port`` on this machine."""
+    if broker == "kafka":
+        return {"KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{port}"}
+    if broker == "sqs":
+        return {"SQS_ENDPOINT_URL": f"http://127.0.0.1:{port}"}
+    if broker == "pubsub":
+        return {"PUBSUB_EMULATOR_HOST": f"127.0.0.1:{port}"}
+    from acklane.integration.servicebus import connection_string
+
+    return {"SERVICEBUS_CONNECTION_STRING": connection_string("127.0.0.1", port)}
+
+
+class Lines:
     """A subprocess stream read by a thread, so waits can time out."""
 
     def __init__(self, stream: Any) -> None:
@@ -83,113 +101,226 @@ class _Lines:
             time.sleep(0.05)
 
 
+def stop(proc: subprocess.Popen[str], timeout: float = 45) -> int:
+    """SIGTERM, and the exit code (killed after ``timeout``)."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+    return proc.returncode
+
+
 @pytest.fixture
-def started_emulator() -> Iterator[Callable[[list[str]], dict[str, Any]]]:
-    """Run ``acklane emulator start ...``; the settings it printed. Stopped after the test."""
+def background() -> Iterator[Callable[..., tuple[subprocess.Popen[str], Lines, Lines]]]:
+    """Start a process (stdout and stderr read by threads); SIGTERMed after the test."""
     procs: list[subprocess.Popen[str]] = []
 
-    def start(command: list[str]) -> dict[str, Any]:
+    def start(
+        command: list[str], env: dict[str, str], cwd: Path = ROOT
+    ) -> tuple[subprocess.Popen[str], Lines, Lines]:
         proc = subprocess.Popen(
             command,
+            cwd=cwd,
+            env=env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
         procs.append(proc)
-        out, err = _Lines(proc.stdout), _Lines(proc.stderr)
-        err.wait_for("Ctrl-C to stop", proc, timeout=90)
-        settings: dict[str, Any] = yaml.safe_load(out.text())
-        return settings
+        return proc, Lines(proc.stdout), Lines(proc.stderr)
 
     yield start
     for proc in procs:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=5)
+        stop(proc, timeout=20)
 
 
-def _stored(db: Path) -> int:
-    async def count() -> int:
+def stored_events(db: Path) -> list[Any]:
+    async def read() -> list[Any]:
         async with EventStore(f"sqlite:///{db}") as store:
-            return len(await store.list_events(limit=1000))
+            return list(await store.list_events(limit=1000))
 
-    return asyncio.run(count()) if db.exists() else 0
+    return asyncio.run(read()) if db.exists() else []
 
 
-def _validate_and_run(example: Path, env: dict[str, str], db: Path, expect: int) -> None:
-    validated = subprocess.run(
-        [*ACKLANE, "validate", str(example)], env=env, capture_output=True, text=True, timeout=60
-    )
-    assert validated.returncode == 0, validated.stdout + validated.stderr
-    proc = subprocess.Popen(
-        [*ACKLANE, "run", str(example)],
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    output = _Lines(proc.stdout)
+# -- what each broker's dead-letter destination holds: (body, everything else as text)
+
+
+def _kafka_dead_letters(settings: dict[str, Any]) -> list[tuple[bytes, str]]:
+    from acklane.integration.kafka import KafkaKit
+
+    kit = KafkaKit(settings["bootstrap_servers"])
     try:
-        deadline = time.monotonic() + 60
-        while _stored(db) < expect:
-            assert proc.poll() is None, f"acklane run exited early:\n{output.text()}"
-            assert time.monotonic() < deadline, f"no trigger events stored:\n{output.text()}"
-            time.sleep(0.2)
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=45) == 0, output.text()
+        records = kit.read("orders.dlq", 1, timeout=2)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=5)
+        kit.close()
+    return [(r.value(), repr(r.headers())) for r in records]
 
 
-def _env(tmp_path: Path, **extra: str) -> tuple[dict[str, str], Path]:
-    db = tmp_path / "events.db"
-    env = {**os.environ, "ACKLANE_STORE_URL": f"sqlite:///{db}", "COLUMNS": "200", **extra}
-    return env, db
+def _sqs_dead_letters(settings: dict[str, Any]) -> list[tuple[bytes, str]]:
+    import boto3
 
-
-def test_the_pubsub_example_runs_against_the_emulator_its_header_starts(
-    tmp_path: Path, started_emulator: Callable[[list[str]], dict[str, Any]]
-) -> None:
-    example = EXAMPLES / "pubsub.yaml"
-    settings = started_emulator(_emulator_command(example, "pubsub", free_port()))
-    assert settings["connector"] == "pubsub"
-    env, db = _env(
-        tmp_path,
-        PUBSUB_EMULATOR_HOST=settings["emulator_host"],
-        PUBSUB_PROJECT=settings["project"],
+    client = boto3.client(
+        "sqs",
+        endpoint_url=settings["endpoint_url"],
+        region_name=settings["region"],
+        aws_access_key_id=settings["aws_access_key_id"],
+        aws_secret_access_key=settings["aws_secret_access_key"],
     )
+    try:
+        url = client.get_queue_url(QueueName="orders-dlq")["QueueUrl"]
+        got = client.receive_message(
+            QueueUrl=url, MaxNumberOfMessages=10, MessageAttributeNames=["All"], WaitTimeSeconds=1
+        )
+    finally:
+        client.close()
+    return [
+        (m["Body"].encode(), json.dumps(m.get("MessageAttributes", {})))
+        for m in got.get("Messages", [])
+    ]
 
-    async def publish() -> None:
-        from acklane.integration.pubsub import PubSubKit
 
+def _pubsub_dead_letters(settings: dict[str, Any]) -> list[tuple[bytes, str]]:
+    from acklane.integration.pubsub import PubSubKit
+
+    async def pull() -> list[tuple[bytes, str]]:
         async with PubSubKit(settings) as kit:
-            await kit.publish(
-                "orders", [json.dumps(o) for o in ORDERS], attributes={"source": "web"}
-            )
+            got = await kit.drain("orders-rejected-read", expect=1, within=2)
+            return [(r.message.data, json.dumps(dict(r.message.attributes))) for r in got]
 
-    asyncio.run(publish())
-    # every order: audit and online-orders; 2 of them over 100: big-orders
-    _validate_and_run(example, env, db, expect=2 * len(ORDERS) + 2)
+    return asyncio.run(pull())
 
 
-def test_the_servicebus_example_runs_against_the_emulator_its_header_starts(
-    tmp_path: Path, started_emulator: Callable[[list[str]], dict[str, Any]]
-) -> None:
+def _servicebus_dead_letters(settings: dict[str, Any]) -> list[tuple[bytes, str]]:
     from acklane.integration.servicebus import ServiceBusKit
 
-    example = EXAMPLES / "servicebus.yaml"
-    settings = started_emulator(_emulator_command(example, "servicebus", free_port()))
-    assert settings["connector"] == "servicebus"
-    env, db = _env(tmp_path, SERVICEBUS_CONNECTION_STRING=settings["connection_string"])
-    ServiceBusKit(settings["connection_string"]).send(
-        "orders", [json.dumps(o) for o in ORDERS], properties={"source": "web"}
+    peeked = ServiceBusKit(settings["connection_string"]).peek_dead_letters("orders")
+    return [
+        (
+            b"".join(m.body),
+            f"{m.dead_letter_reason} {m.dead_letter_error_description} {m.application_properties}",
+        )
+        for m in peeked
+    ]
+
+
+DEAD_LETTERS: dict[str, Callable[[dict[str, Any]], list[tuple[bytes, str]]]] = {
+    "kafka": _kafka_dead_letters,
+    "sqs": _sqs_dead_letters,
+    "pubsub": _pubsub_dead_letters,
+    "servicebus": _servicebus_dead_letters,
+}
+
+
+def test_every_example_pipeline_has_its_test() -> None:
+    examples = {p.name for p in EXAMPLES.glob("*.yaml")}
+    assert examples == {f"{b}.yaml" for b in BROKERS} | {"pipeline.yaml"}
+
+
+@pytest.mark.parametrize("broker", BROKERS)
+def test_the_example_runs_as_its_header_says(
+    broker: str,
+    tmp_path: Path,
+    background: Callable[..., tuple[subprocess.Popen[str], Lines, Lines]],
+) -> None:
+    example = EXAMPLES / f"{broker}.yaml"
+    commands = header_commands(example)
+    assert [c[:2] for c in commands] == [
+        ["emulator", "start"],
+        ["publish", f"examples/{broker}.yaml"],
+        ["run", f"examples/{broker}.yaml"],
+        ["events", "list"],
+    ], commands
+    db = tmp_path / "events.db"
+    env = {
+        **os.environ,
+        "ACKLANE_STORE_URL": f"sqlite:///{db}",
+        "COLUMNS": "200",
+        **_address_environment(broker, free_port()),
+    }
+
+    # 1. the emulator, on the port the example's address variable names
+    start = [*commands[0], "--backend", _backend()]
+    emulator, out, err = background([*ACKLANE, *start], env)
+    err.wait_for("Ctrl-C to stop", emulator, timeout=120)
+    settings: dict[str, Any] = yaml.safe_load(out.text())
+    assert settings["connector"] == broker
+    # A value of the configuration's that is a secret (the Service Bus connection string)
+    # is masked in every output, this one included: the configuration has it already.
+    printed = {k: v for k, v in example_environment(broker, settings).items() if v != MASK}
+    if _backend() == "local":  # it listens where the configuration reaches
+        for name in _address_environment(broker, 0):
+            assert printed.get(name, env[name]) == env[name], out.text()
+    env.update(printed)
+    if settings.get("connection_string") == MASK:
+        settings["connection_string"] = env["SERVICEBUS_CONNECTION_STRING"]
+
+    # 2. publish the orders
+    published = subprocess.run(
+        [*ACKLANE, *commands[1]], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
     )
-    _validate_and_run(example, env, db, expect=2 * len(ORDERS) + 2)
+    assert published.returncode == 0, published.stdout + published.stderr
+    assert "published 4 message(s)" in published.stdout
+
+    # 3. run until the events are stored and the poison order is dead-lettered
+    runner, _, run_err = background([*ACKLANE, *commands[2]], env)
+    deadline = time.monotonic() + 120
+    dead: list[tuple[bytes, str]] = []
+    while True:
+        assert runner.poll() is None, f"acklane run exited early:\n{run_err.text()}"
+        assert time.monotonic() < deadline, (
+            f"{len(stored_events(db))} events, dead letters {dead}:\n{run_err.text()}"
+        )
+        if len(stored_events(db)) >= EXPECTED_EVENTS:
+            dead += DEAD_LETTERS[broker](settings)
+            if dead:
+                break
+        time.sleep(0.3)
+    assert stop(runner) == 0, run_err.text()
+    events = stored_events(db)
+    assert len(events) == EXPECTED_EVENTS
+    assert sorted(e.trigger_id for e in events).count("big-orders") == 2
+    [(body, rest)] = dead
+    assert json.loads(body)["id"] == POISON_ID
+    assert "reject rule matched: body.amount lt 0" in rest, rest
+    if broker != "servicebus":  # Service Bus keeps the reason in the message's own field
+        assert REJECT_REASON in rest
+
+    # 4. the events, as the header lists them
+    listed = subprocess.run(
+        [*ACKLANE, *commands[3], "--json"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert listed.returncode == 0, listed.stderr
+    assert len(listed.stdout.splitlines()) == EXPECTED_EVENTS
+
+
+def test_the_memory_example_runs_but_cannot_be_published_to(
+    tmp_path: Path, background: Callable[..., tuple[subprocess.Popen[str], Lines, Lines]]
+) -> None:
+    example = EXAMPLES / "pipeline.yaml"
+    assert [c[0] for c in header_commands(example)] == ["validate", "run"]
+    env = {**os.environ, "ACKLANE_STORE_URL": f"sqlite:///{tmp_path / 'events.db'}"}
+    for command in header_commands(example)[:1]:
+        done = subprocess.run([*ACKLANE, *command], cwd=ROOT, env=env, capture_output=True)
+        assert done.returncode == 0, done.stderr
+    refused = subprocess.run(
+        [*ACKLANE, "publish", "examples/pipeline.yaml", "orders", '{"id": 1}'],
+        cwd=ROOT,
+        env={**env, "COLUMNS": "300"},
+        capture_output=True,
+        text=True,
+    )
+    assert refused.returncode == 2
+    assert "lives inside the process that runs the" in refused.stderr
+    assert "examples/kafka.yaml" in refused.stderr
+    runner, _, err = background([*ACKLANE, *header_commands(example)[1]], env)
+    err.wait_for("Shared stream group started", runner, timeout=60)
+    assert stop(runner) == 0, err.text()

@@ -1,4 +1,4 @@
-"""The ``acklane`` command line: run, validate, config, demo, events, store, emulator.
+"""The ``acklane`` command line: run, validate, config, demo, events, store, publish, emulator.
 
 Global options (before the command): ``--version``, ``--log-level`` (or
 ``ACKLANE_LOG_LEVEL``), ``--log-format`` (``ACKLANE_LOG_FORMAT``) and
@@ -16,6 +16,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Annotated, Any
 
 if TYPE_CHECKING:
+    from .checks import CheckResult
     from .config import AcklaneConfig, ConfigProblem
     from .runner import Runner
 
@@ -291,15 +292,33 @@ def validate(
             "with the problems as {file, line, field, message}.",
         ),
     ] = OutputFormat.TEXT,
+    connect: Annotated[
+        bool,
+        typer.Option(
+            "--connect",
+            help="Also reach the event store and each stream's broker (read-only: nothing "
+            "is received, sent, committed or created), one line per check.",
+        ),
+    ] = False,
+    timeout: Annotated[
+        float,
+        typer.Option(
+            "--timeout",
+            min=0.1,
+            help="With --connect: seconds each call to the store or a broker may take.",
+        ),
+    ] = 10.0,
 ) -> None:
     """Check a configuration: every problem names the file, the line and the field.
 
-    Exit code 0 when valid, 2 when not.
+    Offline, it also checks this machine: the store URL's scheme, the SQLite file's
+    directory (exists, writable), the PostgreSQL driver, files a stream names.
+    Exit code 0 when valid, 2 when not, 3 when valid but a --connect check failed.
     """
     from .config import ConfigError, load_config
 
     try:
-        cfg = load_config(config)
+        cfg = load_config(config, offline_checks=True)
     except ConfigError as exc:
         if output is OutputFormat.JSON:
             problems = [_problem_document(p) for p in exc.problems]
@@ -311,8 +330,10 @@ def validate(
         raise typer.Exit(2) from None
     keys = {cfg.streams[w.stream].key for w in cfg.watchers}
     store = redact(redact_url(cfg.store.url))
+    checks = _connection_checks(cfg, timeout) if connect else None
+    failed = checks is not None and not all(c.ok for c in checks)
     if output is OutputFormat.JSON:
-        document = {
+        document: dict[str, Any] = {
             "file": str(config),
             "valid": True,
             "problems": [],
@@ -328,7 +349,12 @@ def validate(
                 for w in cfg.watchers
             ],
         }
+        if checks is not None:
+            document["connected"] = not failed
+            document["checks"] = [c.document() for c in checks]
         typer.echo(redact(json.dumps(document)))
+        if failed:
+            raise typer.Exit(3)
         return
     table = Table(title=f"{config}: valid")
     table.add_column("watcher")
@@ -343,6 +369,21 @@ def validate(
         f"{len(cfg.watchers)} watchers share {len(keys)} upstream poll(s); events stored in {store}"
     )
     console.print(Text(summary), soft_wrap=True)
+    if checks is not None:
+        for check in checks:
+            style = {"ok": "green", "failed": "red", "skipped": "yellow"}[check.status]
+            line = Text(f"{check.status:<7}", style=style)
+            line.append(redact(f" {check.target} ({check.setting}): {check.detail}"))
+            console.print(line, soft_wrap=True)
+        if failed:
+            raise typer.Exit(3)
+
+
+def _connection_checks(cfg: AcklaneConfig, timeout: float) -> list[CheckResult]:
+    """``validate --connect``: the store's and each upstream's check, each bounded."""
+    from .checks import run_checks
+
+    return asyncio.run(run_checks(cfg, call_timeout=timeout))
 
 
 config_app = typer.Typer(
@@ -384,20 +425,37 @@ def run(config: ConfigArg, log_level: LogLevelOption = None) -> None:
         _setup_logging(log_level, LogLevel.INFO)
         log.info("Starting the pipeline of %s", config)
         cfg = _load(config)
+        from .errors import AcklaneError
         from .metrics import start_metrics_server
         from .runner import Runner
 
+        runner: Runner | None = None
         try:
             runner = Runner(cfg)
             startup.hand_over(runner)
             if cfg.metrics.port is not None and not runner.stopping:
                 start_metrics_server(cfg.metrics.port, runner)
             asyncio.run(runner.run())
+        except (asyncio.CancelledError, KeyboardInterrupt):
+            forced = runner.forced_by if runner is not None else None
+            if forced is None:
+                raise
+            # a second signal cut the graceful stop short: one line, the conventional code
+            log.warning("Stopped at once by a second %s", forced.name)
+            raise typer.Exit(128 + forced) from None
         except Exception as exc:
-            # one record (and the traceback at DEBUG), not a screenful on stderr
-            log.error("acklane run failed: %s: %s", type(exc).__name__, exc)
+            # one record (and the traceback at DEBUG), not a screenful on stderr; an
+            # error of acklane's own says what is wrong in its message
+            why = str(exc) if isinstance(exc, AcklaneError) else f"{type(exc).__name__}: {exc}"
+            log.error("acklane run failed: %s", why)
             log.debug("acklane run failed", exc_info=True)
             raise typer.Exit(1) from None
+        if runner is not None and runner.forced_by is not None:
+            log.warning("Stopped at once by a second %s", runner.forced_by.name)
+            raise typer.Exit(128 + runner.forced_by)
+        if runner is not None and runner.failure is not None:
+            # the runner gave up (it logged why): exit 1, as for a failure to start
+            raise typer.Exit(1)
     finally:
         startup.restore()
 
@@ -459,10 +517,12 @@ def demo(
 
 def _add_subcommands() -> None:
     from .cli_events import app as events_app
+    from .cli_publish import publish as publish_command
     from .cli_store import app as store_app
 
     app.add_typer(events_app, name="events", help="See the trigger events that fired.")
     app.add_typer(store_app, name="store", help="Read and write the task and asset stores.")
+    app.command("publish")(publish_command)
     # Other distributions add theirs (acklane-integration: `acklane emulator`).
     for ep in entry_points(group=COMMANDS_GROUP):
         try:

@@ -1,9 +1,10 @@
 """``acklane events``: look at the trigger events the event store persisted.
 
-``list`` shows stored events; ``tail`` follows new ones as they are committed.
-Both read the store named by ``--url`` or by the ``store.url`` of ``--config`` (only
-the ``store`` section of that file is read: a broker's unset variables do not
-matter). They never create a database. Messages mask secrets (acklane.core.redact).
+``list`` shows stored events; ``tail`` follows new ones as they are committed;
+``prune`` deletes the old ones (retention). All read the store named by ``--url`` or
+by the ``store.url`` of ``--config`` (only the ``store`` section of that file is read:
+a broker's unset variables do not matter). They never create a database. Messages
+mask secrets (acklane.core.redact).
 """
 
 from __future__ import annotations
@@ -18,12 +19,22 @@ from typing import Annotated, Any, NoReturn
 import typer
 from rich import box
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from .events import EventReader, StoredEvent
+from .durations import format_duration, parse_duration
+from .events import (
+    DEFAULT_PRUNE_BATCH,
+    DEFAULT_RETENTION,
+    EventReader,
+    StoredEvent,
+    count_older_than,
+    cutoff_for,
+    prune_older_than,
+)
 from .events._schema import TABLE_NAME
 from .redact import redact, redact_url
 from .sql import DEFAULT_URL, async_engine
@@ -77,10 +88,15 @@ def _fail(message: str) -> NoReturn:
 
 def resolve_url(url: str | None, config: Path | None) -> str:
     """The store URL from ``--url``, or from the configuration file, or the default."""
+    return _resolve_store(url, config)[0]
+
+
+def _resolve_store(url: str | None, config: Path | None) -> tuple[str, Any]:
+    """The store URL and, with ``--config``, the file's ``store`` settings (else None)."""
     if url and config:
         raise _CliError("give --url or --config, not both")
     if config is None:
-        return url or DEFAULT_URL
+        return url or DEFAULT_URL, None
     try:
         module: Any = importlib.import_module("acklane.core.config")
         # only the store section (older versions: the whole file)
@@ -96,7 +112,7 @@ def resolve_url(url: str | None, config: Path | None) -> str:
         message = str(exc)
         raise _CliError(message if str(config) in message else f"{config}: {message}") from None
     try:
-        return str(loaded.store.url)
+        return str(loaded.store.url), loaded.store
     except AttributeError:
         raise _CliError(f"{config}: the configuration has no store.url") from None
 
@@ -153,16 +169,8 @@ def _table(events: Sequence[StoredEvent], *, header: bool = True) -> Table:
     table.add_column("pos", justify="right", no_wrap=True)
     table.add_column("payload", min_width=16, overflow="fold")
     for event in events:
-        table.add_row(
-            str(event.id),
-            event.created_at.strftime("%Y-%m-%d %H:%M:%S"),
-            # Text, not str: payloads and keys may hold [brackets] rich would parse.
-            Text(event.trigger_id),
-            Text(event.stream_key),
-            Text(event.message_id if event.message_id is not None else "-"),
-            str(event.position),
-            Text(json.dumps(event.payload, ensure_ascii=False)),
-        )
+        # Text, not str: payloads and keys may hold [brackets] rich would parse.
+        table.add_row(*(Text(cell) for cell in _cells(event)))
     return table
 
 
@@ -170,8 +178,39 @@ def _emit(events: Sequence[StoredEvent], *, as_json: bool, header: bool = True) 
     if as_json:
         for event in events:
             print(json.dumps(event_to_json(event), ensure_ascii=False), flush=True)
+    elif events and not _out.is_terminal:
+        # piped or redirected: one tab-separated line per event, never wrapped or folded
+        if header:
+            print("\t".join(_COLUMNS), flush=True)
+        for event in events:
+            print("\t".join(_cells(event)), flush=True)
     elif events:
         _out.print(_table(events, header=header))
+
+
+_COLUMNS: tuple[str, ...] = (
+    "id",
+    "created (UTC)",
+    "trigger",
+    "stream key",
+    "message",
+    "pos",
+    "payload",
+)
+
+
+def _cells(event: StoredEvent) -> list[str]:
+    """An event's columns as text on one line (a tab or newline in one becomes a space)."""
+    cells = [
+        str(event.id),
+        event.created_at.strftime("%Y-%m-%d %H:%M:%S"),
+        event.trigger_id,
+        event.stream_key,
+        event.message_id if event.message_id is not None else "-",
+        str(event.position),
+        json.dumps(event.payload, ensure_ascii=False),
+    ]
+    return [c.replace("\t", " ").replace("\n", " ") for c in cells]
 
 
 def _run(
@@ -257,3 +296,105 @@ def tail_events(
             await engine.dispose()
 
     _run(main, url, config)
+
+
+@app.command("prune")
+def prune_events(
+    url: UrlOption = None,
+    config: ConfigOption = None,
+    older_than: Annotated[
+        str | None,
+        typer.Option(
+            "--older-than",
+            help="Delete events created longer ago than this: seconds, or '12h', '7d', '2w'. "
+            "Default: the store.retention of --config, else "
+            f"{format_duration(DEFAULT_RETENTION)}.",
+            show_default=False,
+        ),
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Only count what would be deleted.")
+    ] = False,
+    batch_size: Annotated[
+        int, typer.Option("--batch-size", min=1, help="Rows deleted per transaction.")
+    ] = DEFAULT_PRUNE_BATCH,
+) -> None:
+    """Delete trigger events older than a window (what store.retention does while running).
+
+    A redelivered message whose events were pruned is stored again: keep events
+    longer than the broker can redeliver (docs/event-store.md, Retention).
+    """
+    try:
+        store_url, settings = _resolve_store(url, config)
+        window = _prune_window(older_than, settings)
+        _check_url(store_url)
+        asyncio.run(_prune(store_url, window, dry_run=dry_run, batch_size=batch_size))
+    except _CliError as exc:
+        _fail(str(exc))
+    except KeyboardInterrupt:  # Ctrl-C: what was committed stays deleted
+        raise typer.Exit(130) from None
+
+
+def _prune_window(older_than: str | None, settings: Any) -> float:
+    if older_than is not None:
+        try:
+            seconds = parse_duration(older_than)
+        except ValueError as exc:
+            raise _CliError(f"--older-than: {exc}") from None
+        if seconds <= 0:
+            raise _CliError("--older-than must be more than 0 (it would delete every event)")
+        return seconds
+    if settings is None:
+        return DEFAULT_RETENTION
+    retention = getattr(settings, "retention", DEFAULT_RETENTION)
+    if retention is None:
+        raise _CliError(
+            "store.retention is null in the configuration (events are kept forever); "
+            "give --older-than to prune anyway"
+        )
+    return float(retention)
+
+
+async def _prune(url: str, window: float, *, dry_run: bool, batch_size: int) -> None:
+    reader, engine = await _open_reader(url)
+    del reader
+    cutoff = cutoff_for(window)
+    when = f"created before {cutoff.strftime('%Y-%m-%d %H:%M:%S')} UTC"
+    try:
+        total = await count_older_than(engine, cutoff)
+        if dry_run:
+            _out.print(
+                Text(
+                    f"would delete {total} event(s) {when} (older than "
+                    f"{format_duration(window)}; dry run, nothing deleted)"
+                ),
+                soft_wrap=True,
+            )
+            return
+        show = _err.is_terminal and total > batch_size
+        with Progress(
+            TextColumn("pruning"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=_err,
+            transient=True,
+            disable=not show,
+        ) as bar:
+            task = bar.add_task("pruning", total=total)
+            deleted = await prune_older_than(
+                engine,
+                cutoff,
+                batch_size=batch_size,
+                on_batch=lambda n: bar.advance(task, n),
+            )
+    except _CliError:
+        raise
+    except Exception as exc:
+        raise _CliError(f"pruning {display_url(url)} failed: {type(exc).__name__}: {exc}") from None
+    finally:
+        await engine.dispose()
+    _out.print(
+        Text(f"deleted {deleted} event(s) {when} (older than {format_duration(window)})"),
+        soft_wrap=True,
+    )

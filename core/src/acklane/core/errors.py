@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AcklaneError",
+    "BrokerAuthError",
     "ConfigError",
     "ConnectorError",
     "SharedStreamError",
@@ -56,6 +57,20 @@ class ConfigError(AcklaneError, ValueError):
 
 class ConnectorError(AcklaneError):
     """A connector cannot be found, or it cannot use its broker (receive, commit, delete...)."""
+
+
+class BrokerAuthError(ConnectorError):
+    """The broker refused the stream's credentials or their permissions.
+
+    Authentication (a wrong password or key) and authorisation (no right to read the
+    topic, queue or subscription) do not heal by retrying: the runner stops and
+    ``acklane run`` exits with code 1, with one line naming the stream and the
+    settings to check (``settings``, the field names of the stream's block).
+    """
+
+    def __init__(self, message: str, *, settings: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.settings = tuple(settings)
 
 
 class StateStoreError(AcklaneError):

@@ -553,6 +553,38 @@ class CompiledFilter:
                 async for item in events:
                     yield item if isinstance(item, TriggerEvent) else TriggerEvent(item)
             return
+        if self._function_kind is None:
+            # declarative: evaluate() inlined (once per message), in this generator
+            rejects, conditions, emit = self._rejects, self._conditions, self._emit
+            decode = self.reads_body and self.reject_invalid_json
+            view: _View
+            async for message in stream:
+                if not isinstance(message, RawMessage):
+                    raise TypeError(
+                        f"{self.label or 'filter'}: expected a RawMessage, "
+                        f"got {type(message).__name__}"
+                    )
+                if decode:
+                    try:
+                        view = _View(message, message.json())
+                    except BodyDecodeError as exc:
+                        reject_shared_stream_event(self._prefix(str(exc)))
+                        continue
+                else:
+                    view = _View(message)
+                for rule in rejects:
+                    if rule.holds(view):
+                        reason = f"reject rule matched: {rule.describe(view)}"
+                        reject_shared_stream_event(self._prefix(reason))
+                        break
+                else:
+                    for condition in conditions:
+                        if not condition.holds(view):
+                            break
+                    else:
+                        event = emit(view)
+                        yield event if isinstance(event, TriggerEvent) else TriggerEvent(event)
+            return
         asynchronous = self._function_kind == "async"
         async for message in stream:
             verdict = (

@@ -1,15 +1,22 @@
-"""Prometheus metrics, read from the engine's plain counters at scrape time.
+"""Prometheus metrics, read from the engine's plain counters at scrape time, and the
+health probes served beside them.
 
 The hot path only bumps integers; this collector turns them into metric families
-when Prometheus scrapes, so metrics cost nothing per event.
+when Prometheus scrapes, so metrics cost nothing per event. One small HTTP server
+(the standard library's wsgiref, in a daemon thread) answers ``/metrics``,
+``/healthz`` and ``/readyz`` (see :mod:`acklane.core.health`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterator
-from typing import TYPE_CHECKING
+import json
+import threading
+from collections.abc import Callable, Hashable, Iterable, Iterator
+from socketserver import ThreadingMixIn
+from typing import TYPE_CHECKING, Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import start_http_server
+from prometheus_client import make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import REGISTRY, Collector, CollectorRegistry
 
@@ -18,7 +25,7 @@ if TYPE_CHECKING:
 
     from .runner import Runner
 
-__all__ = ["EngineCollector", "start_metrics_server"]
+__all__ = ["EngineCollector", "MetricsServer", "health_app", "start_metrics_server"]
 
 
 def _key(key: Hashable) -> str:
@@ -88,6 +95,7 @@ class EngineCollector(Collector):
                 actions.add_metric([k, action], count)
         yield from (broadcast, outcomes, batches, advanced, seconds, unclaimed, heads, depth)
         yield actions
+        yield from _poison_metrics(self.runner)
         store = self.runner._store
         if store is not None:
             persisted = CounterMetricFamily(
@@ -100,7 +108,100 @@ class EngineCollector(Collector):
             yield persisted
 
 
-def start_metrics_server(port: int, runner: Runner, registry: CollectorRegistry = REGISTRY) -> None:
-    """Serve ``/metrics`` on ``port`` (a daemon thread of prometheus-client's)."""
+def _poison_metrics(runner: Runner) -> Iterator[Metric]:
+    """Per stream key: cohort restarts, failed attempts of messages, poison messages."""
+    restarts = CounterMetricFamily(
+        "acklane_cohort_restarts",
+        "Restarts of a stream's watchers (a watcher failed, or the group did)",
+        labels=["key"],
+    )
+    failures = CounterMetricFamily(
+        "acklane_message_failures",
+        "Failed attempts attributed to one message (its filter raised, or timed out on it)",
+        labels=["key"],
+    )
+    poisoned = CounterMetricFamily(
+        "acklane_poison_messages",
+        "Messages rejected for dead-lettering because they failed max_attempts times",
+        labels=["key"],
+    )
+    for book in list(runner.poison.streams().values()):
+        restarts.add_metric([book.key_text], book.restarts)
+        failures.add_metric([book.key_text], book.failures)
+        poisoned.add_metric([book.key_text], book.poisoned)
+    yield from (restarts, failures, poisoned)
+
+
+_WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+
+
+def health_app(runner: Runner, metrics: _WsgiApp) -> _WsgiApp:
+    """``/healthz`` and ``/readyz`` from ``runner.health`` (200, or 503 with a JSON body
+    saying what is wrong); every other path goes to ``metrics``."""
+    from .redact import redact
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO") or "/"
+        if path == "/healthz":
+            ok, body = runner.health.liveness()
+        elif path == "/readyz":
+            ok, body = runner.health.readiness()
+        else:
+            return metrics(environ, start_response)
+        data = (redact(json.dumps(body, default=str)) + "\n").encode()
+        start_response(
+            "200 OK" if ok else "503 Service Unavailable",
+            [
+                ("Content-Type", "application/json"),
+                ("Content-Length", str(len(data))),
+                ("Cache-Control", "no-store"),
+            ],
+        )
+        return [] if environ.get("REQUEST_METHOD") == "HEAD" else [data]
+
+    return app
+
+
+class _ThreadingServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """Probes every few seconds would flood stderr."""
+
+
+class MetricsServer:
+    """The running server; :meth:`close` stops it (the process's exit does too)."""
+
+    def __init__(self, server: WSGIServer, thread: threading.Thread) -> None:
+        self.server = server
+        self.thread = thread
+
+    @property
+    def port(self) -> int:
+        return int(self.server.server_port)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join()
+
+
+def start_metrics_server(
+    port: int,
+    runner: Runner,
+    registry: CollectorRegistry = REGISTRY,
+    *,
+    addr: str = "0.0.0.0",  # a scrape target listens on every interface
+) -> MetricsServer:
+    """Serve ``/metrics``, ``/healthz`` and ``/readyz`` on ``port`` (0: any free port)
+    from a daemon thread."""
     registry.register(EngineCollector(runner))
-    start_http_server(port, registry=registry)
+    app = health_app(runner, make_wsgi_app(registry))
+    server = make_server(addr, port, app, _ThreadingServer, handler_class=_QuietHandler)
+    thread = threading.Thread(
+        target=server.serve_forever, name="acklane-metrics-server", daemon=True
+    )
+    thread.start()
+    return MetricsServer(server, thread)

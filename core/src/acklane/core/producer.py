@@ -7,7 +7,13 @@ from collections.abc import AsyncIterator, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-__all__ = ["AdvanceItem", "AdvanceOutcome", "SharedStreamProducer", "reject_reasons_of"]
+__all__ = [
+    "AdvanceItem",
+    "AdvanceOutcome",
+    "LaneBatch",
+    "SharedStreamProducer",
+    "reject_reasons_of",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +52,19 @@ class AdvanceItem(NamedTuple):
     outcome: AdvanceOutcome
 
 
+class LaneBatch(NamedTuple):
+    """acklane's addition: a batch of :meth:`SharedStreamProducer.open_batches` whose
+    pairs are all of one lane.
+
+    The engine then takes ``lane`` as the lane of every pair (it does not call
+    ``get_advance_lane`` for them, which must agree) and finds the lane's ledger
+    once per batch instead of once per pair.
+    """
+
+    lane: Hashable
+    pairs: Iterable[tuple[Any, Any]]
+
+
 class SharedStreamProducer(ABC):
     """Owns one group's broker connection for the life of its poll.
 
@@ -60,7 +79,7 @@ class SharedStreamProducer(ABC):
         Returning normally is an error: the group fails with "stream ended".
         """
 
-    def open_batches(self) -> AsyncIterator[Iterable[tuple[Any, Any]]] | None:
+    def open_batches(self) -> AsyncIterator[Iterable[tuple[Any, Any]] | LaneBatch] | None:
         """acklane's faster form of :meth:`open_stream`: the same pairs, a batch at a time.
 
         A producer that already receives records in batches (Kafka's ``consume``) may
@@ -70,6 +89,9 @@ class SharedStreamProducer(ABC):
         full queue with ``overflow="pause"``), so an ``advance`` can run in between: a
         producer whose advance makes later records of the batch stale should yield a
         lazy iterable that checks each pair as it is taken.
+        A batch may be a :class:`LaneBatch`: pairs that are all of one lane, whose
+        lane is then looked up once (a producer that receives records in runs of one
+        partition saves a ``get_advance_lane`` call per record).
         The rules are those of :meth:`open_stream` (yield forever or raise; pairs in
         fan-out order; empty batches are allowed). The default, ``None``, means "use
         :meth:`open_stream`": Airflow's engine knows only that one, so a producer that

@@ -28,11 +28,15 @@ import signal
 import time
 from collections.abc import Hashable, Sequence
 from contextlib import aclosing
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
+from .errors import AcklaneError, BrokerAuthError, ConnectorError
 from .events import EventRecord, EventStore
+from .health import CohortStatus, Health
 from .manager import SharedStreamManager
+from .poison import Failure, PoisonPolicy, max_attempts_of
 from .producer import AdvanceItem
+from .progress import Progress
 from .trigger import SharedStreamError, TriggerEvent, reject_shared_stream_event
 from .watcher import WatcherTrigger, build_watchers
 
@@ -40,9 +44,12 @@ if TYPE_CHECKING:
     from .config import AcklaneConfig
     from .stores import StateBackend
 
-__all__ = ["RunObserver", "Runner", "WatcherLeft", "stream_key_text"]
+__all__ = ["RestartsExhausted", "RunObserver", "Runner", "WatcherLeft", "stream_key_text"]
 
 log = logging.getLogger("acklane.core.runner")
+
+#: Seconds the event store may take to close after a second signal forced the stop.
+FORCED_CLOSE_TIMEOUT: Final = 2.0
 
 
 def stream_key_text(key: Hashable) -> str:
@@ -61,6 +68,11 @@ class WatcherLeft(SharedStreamError):
     the broker advance past messages it never saw. Failed, the cohort restarts together
     and the broker redelivers from its last advanced position.
     """
+
+
+class RestartsExhausted(AcklaneError):
+    """A cohort failed more than ``engine.max_restarts`` times in a row without progress
+    (nothing advanced, no failure attributable to a message); the runner gave up."""
 
 
 class RunObserver:
@@ -88,24 +100,48 @@ class _Cohort:
         self.key_text = stream_key_text(key)
         self.watchers = watchers
         self.delay = runner.config.engine.restart_backoff_initial
+        streams = ",".join(sorted({w.stream for w in watchers}))
+        # readiness (/readyz) and progress lines, per stream key
+        self.status = CohortStatus(streams, self.key_text, tuple(w.name for w in watchers))
+        runner.health.cohorts[self.key_text] = self.status
+        self.progress = runner.progress.add(key, streams, self.key_text)
+        # the poison policy's books of this key (failed attempts, restarts)
+        self.attempts = runner.poison.stream(
+            key, self.key_text, max_attempts_of(watchers[0].stream_config())
+        )
+        self.stalled = 0  # restarts in a row without progress (engine.max_restarts)
 
     async def run(self) -> None:
         engine = self.runner.config.engine
         while not self.runner.stopping:
+            # the failed attempts on record, written first (the last failure included)
+            await self.runner.poison.load(self.key)
             started = time.monotonic()
+            self.status.set("polling")
             error = await self._attempt()
+            if isinstance(error, BrokerAuthError) and not self.runner.stopping:
+                self.runner.give_up(error, self._auth_failure(error))
             if self.runner.stopping:
+                self.status.set("stopped")
                 return
-            if time.monotonic() - started > engine.restart_backoff_max:
+            ran_well = time.monotonic() - started > engine.restart_backoff_max
+            if ran_well:
                 self.delay = engine.restart_backoff_initial  # it ran well for a while
+            failure = self.attempts.take_failure()
+            if self._gives_up(error, failure, ran_well):
+                self.status.set("stopped")
+                return
             delay = self.delay
             self.delay = min(self.delay * 2, engine.restart_backoff_max)
+            self.status.set("restarting", _why(error))
+            self.progress.restarts += 1
+            self.attempts.restarts += 1
             log.warning(
                 "Restarting watchers %s of key=%s in %.1fs: %s",
                 ", ".join(w.name for w in self.watchers),
                 self.key_text,
                 delay,
-                _why(error),
+                _why(error) if failure is None else failure.describe(),
             )
             self.runner.observer.cohort_failed(self.key, error, delay)
             with contextlib.suppress(TimeoutError):
@@ -116,6 +152,38 @@ class _Cohort:
                 async with asyncio.timeout(delay):
                     await self.runner.stopped.wait()
 
+    def _gives_up(self, error: BaseException, failure: Failure | None, ran_well: bool) -> bool:
+        """Count a restart without progress; past ``engine.max_restarts`` the runner gives up.
+
+        Progress: something was advanced, or the attempt ran longer than
+        ``restart_backoff_max``. A failure attributed to a message is no step towards
+        giving up: the poison policy bounds those (``max_attempts``).
+        """
+        if self.attempts.take_progress() > 0 or ran_well:
+            self.stalled = 0
+        elif failure is None:
+            self.stalled += 1
+        limit = self.runner.config.engine.max_restarts
+        if limit is None or self.stalled <= limit:
+            return False
+        names = ", ".join(w.name for w in self.watchers)
+        text = (
+            f"watchers {names} of key={self.key_text} failed {self.stalled} times in a row "
+            f"without progress (engine.max_restarts={limit}); last error: {_why(error)}"
+        )
+        self.runner.give_up(RestartsExhausted(text), f"Giving up: {text}")
+        return True
+
+    def _auth_failure(self, error: BrokerAuthError) -> str:
+        """One line: which stream, what the broker said, which settings to check."""
+        streams = sorted({w.stream for w in self.watchers})
+        check = ", ".join(f"streams.{s}.{field}" for s in streams for field in error.settings)
+        return (
+            f"stream {', '.join(streams)}: {error}"
+            + (f" (check {check})" if check else "")
+            + "; stopping: authentication and authorisation errors are not retried"
+        )
+
     async def _attempt(self) -> BaseException:
         """Run every watcher until one fails; return why (the first failure)."""
         first: list[BaseException] = []
@@ -123,14 +191,20 @@ class _Cohort:
             asyncio.create_task(self._watch(w, first), name=f"acklane-watcher-{w.name}")
             for w in self.watchers
         ]
+        # a watcher stuck in its own code never sees its group fail: learn of it here
+        failed = asyncio.create_task(
+            self.runner.manager.wait_failed(self.key), name=f"acklane-failed-{self.key_text}"
+        )
         try:
-            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait([*tasks, failed], return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for task in tasks:
+            for task in (*tasks, failed):
                 task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.gather(*tasks, failed, return_exceptions=True)
         if first:
             return first[0]
+        if failed.done() and not failed.cancelled():
+            return failed.result()
         return RuntimeError("a watcher's filter returned; a watcher must run until stopped")
 
     async def _watch(self, trigger: WatcherTrigger, first: list[BaseException]) -> None:
@@ -141,6 +215,7 @@ class _Cohort:
         name = trigger.name
         key = self.key
         key_text = self.key_text
+        progress = self.progress
         try:
             async with aclosing(manager.events(trigger_id=name, trigger=trigger, key=key)) as it:
                 async for event in it:
@@ -157,6 +232,7 @@ class _Cohort:
                         )
                         try:
                             await store.put(record, None if bound is None else bound.seq)
+                            progress.events += 1
                         except TypeError as exc:
                             # Not JSON: it can never be stored. Dead-letter the raw event
                             # (its binding window is still open) instead of looping on it.
@@ -188,7 +264,11 @@ class _Cohort:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            if not isinstance(exc, SharedStreamError):  # the engine logged its own already
+            if isinstance(exc, ConnectorError):
+                # the broker's error: the group's and the restart's lines name it; the
+                # traceback only helps at DEBUG
+                log.debug("Watcher %s failed", name, exc_info=exc)
+            elif not isinstance(exc, SharedStreamError):  # the engine logged its own already
                 log.error("Watcher %s failed", name, exc_info=exc)
             if not runner.stopping and not any(e is exc for e in first):
                 first.append(exc)
@@ -213,19 +293,32 @@ class Runner:
         self.observer = observer or RunObserver()
         self.handle_signals = handle_signals
         self.stopping = False
+        #: Why the runner gave up (an error no restart can fix), or None; set by
+        #: :meth:`give_up`. ``acklane run`` exits with code 1 when it is set.
+        self.failure: BaseException | None = None
+        #: The signal that forced an immediate stop (a second SIGINT/SIGTERM), if any.
+        self.forced_by: signal.Signals | None = None
+        self._main_task: asyncio.Task[object] | None = None
         self._stopped: asyncio.Event | None = None
+        #: Failed attempts per message, restarts per stream (see acklane.core.poison).
+        self.poison = PoisonPolicy()
         self.manager = SharedStreamManager(
             max_subscriber_queue=config.engine.subscriber_queue_size,
             ack_timeout=config.engine.ack_timeout,
             cohort_grace_period=config.engine.cohort_grace_period,
             overflow=config.engine.overflow,
-            on_advance=self.observer.advanced,
+            on_advance=self._on_advance,
             on_subscriber_failed=self._on_subscriber_failed,
             on_subscriber_leaving=self._on_subscriber_leaving,
+            poison_policy=self.poison,
         )
         self._store: EventStore | None = None
         self.state_backend: StateBackend | None = None
         self.watchers = build_watchers(config)
+        #: What /healthz and /readyz read (acklane.core.metrics serves them).
+        self.health = Health()
+        #: Per-stream counters of the periodic progress lines (engine.progress_interval).
+        self.progress = Progress(self.manager.group_stats)
 
     @property
     def stopped(self) -> asyncio.Event:
@@ -239,11 +332,17 @@ class Runner:
             raise RuntimeError("the runner is not running")
         return self._store
 
+    def _on_advance(self, key: Hashable, batch: Sequence[AdvanceItem]) -> None:
+        self.poison.advanced(key, len(batch))
+        self.progress.advanced(key, batch)
+        self.observer.advanced(key, batch)
+
     def _on_subscriber_failed(self, key: Hashable, trigger_id: str, exc: BaseException) -> None:
         # The failed watcher is out of every later snapshot: if its siblings went on,
         # the broker would advance past events it never saw. Fail the whole group at
         # once (nothing more is advanced) and let the cohort restart together.
         if not self.stopping:
+            self.progress.sample()  # the group's counters, before it goes
             self.manager.fail_group(key, exc)
 
     def _on_subscriber_leaving(self, key: Hashable, trigger_id: str, how: str) -> None:
@@ -258,7 +357,17 @@ class Runner:
             trigger_id,
             how,
         )
+        self.progress.sample()  # the group's counters, before it goes
         self.manager.fail_group(key, WatcherLeft(f"watcher {trigger_id} left: {how}"))
+
+    def give_up(self, error: BaseException, message: str) -> None:
+        """Stop for good because of ``error`` (the first one wins): log ``message`` once,
+        at ERROR, and shut down gracefully; :attr:`failure` tells the caller why."""
+        if self.failure is None:
+            self.failure = error
+            log.error("%s", message)
+            log.debug("giving up on", exc_info=error)
+        self.request_stop()
 
     def request_stop(self) -> None:
         """Begin a graceful shutdown (idempotent; safe from a signal handler)."""
@@ -299,11 +408,12 @@ class Runner:
             log.info("Stopped before the pipeline started: nothing to finish")
             return
         loop = asyncio.get_running_loop()
+        self._main_task = asyncio.current_task()
         installed: list[signal.Signals] = []
         if self.handle_signals:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 with contextlib.suppress(NotImplementedError, RuntimeError):
-                    loop.add_signal_handler(sig, self._on_signal)
+                    loop.add_signal_handler(sig, self._on_signal, sig)
                     installed.append(sig)
         try:
             await self._run()
@@ -312,15 +422,23 @@ class Runner:
                 loop.remove_signal_handler(sig)
 
     async def _run(self) -> None:
+        health = self.health
+        health.phase = "starting"
         store = EventStore(
             self.config.store.url,
             on_confirmed=self.manager.confirm_persisted,
             commit_interval=self.config.store.commit_interval_ms / 1000.0,
         )
-        await store.open()
+        try:
+            await store.open()
+        except BaseException:
+            health.phase = "stopped"
+            raise
         self._store = store
+        health.store = store
         backend: StateBackend | None = None
         try:
+            await self.poison.open(self.config.store.url)
             backend = self._open_state_backend()
             cohorts = self._cohorts()
             for c in cohorts:
@@ -331,30 +449,86 @@ class Runner:
                 tasks = [
                     tg.create_task(c.run(), name=f"acklane-cohort-{c.key_text}") for c in cohorts
                 ]
-                gc_task = tg.create_task(backend.run_gc_forever(), name="acklane-state-gc")
+                helpers = [
+                    tg.create_task(backend.run_gc_forever(), name="acklane-state-gc"),
+                    tg.create_task(self.poison.run_forever(), name="acklane-poison-writer"),
+                    *self._start_helpers(tg),
+                ]
+                health.phase = "running"
                 await self.stopped.wait()
+                health.phase = "stopping"
+                self.progress.sample()  # the live groups' counters, before they close
                 await self._shutdown(tasks)
-                gc_task.cancel()
+                for task in helpers:
+                    task.cancel()
+                for c in cohorts:
+                    c.status.set("stopped")
+            if self.config.engine.progress_interval > 0:
+                self.progress.report(self._cohort_state)  # the totals, once more at the end
         finally:
+            health.phase = "stopped"
             try:
-                async with asyncio.timeout(self.config.engine.shutdown_timeout):
+                # a forced stop (second signal) does not wait for the whole timeout
+                close_within = FORCED_CLOSE_TIMEOUT if self.forced_by else None
+                async with asyncio.timeout(close_within or self.config.engine.shutdown_timeout):
                     await store.close()
             except TimeoutError:
                 # unconfirmed records were never acked upstream: they will be redelivered
                 log.warning("The event store did not close in time; in-flight events dropped")
             self._store = None
+            try:  # what the last moments counted, written
+                async with asyncio.timeout(self.config.engine.shutdown_timeout):
+                    await self.poison.close()
+            except Exception as exc:  # TimeoutError included: those counts are lost
+                log.warning("Closing the failed-attempt table failed: %s", _why(exc))
             if backend is not None:
                 from .stores import set_default_backend
 
                 set_default_backend(None)
                 await backend.aclose()
 
-    def _on_signal(self) -> None:
+    def _start_helpers(self, tg: asyncio.TaskGroup) -> list[asyncio.Task[None]]:
+        """The heartbeat (and store check), the progress lines and retention: tasks of
+        ``tg``, cancelled by :meth:`_run` once the cohorts have stopped."""
+        engine, store_settings = self.config.engine, self.config.store
+        tasks: list[asyncio.Task[None]] = [
+            tg.create_task(
+                self.health.run_forever(on_beat=self.progress.sample), name="acklane-health"
+            )
+        ]
+        if engine.progress_interval > 0:
+            tasks.append(
+                tg.create_task(
+                    self.progress.run_forever(engine.progress_interval, self._cohort_state),
+                    name="acklane-progress",
+                )
+            )
+        if store_settings.retention is not None:
+            tasks.append(
+                tg.create_task(
+                    self.store.run_retention_forever(
+                        store_settings.retention, store_settings.prune_interval
+                    ),
+                    name="acklane-retention",
+                )
+            )
+        return tasks
+
+    def _cohort_state(self, key_text: str) -> str | None:
+        status = self.health.cohorts.get(key_text)
+        return None if status is None else status.state
+
+    def _on_signal(self, sig: signal.Signals = signal.SIGTERM) -> None:
         if self.stopping:
             log.warning("Second signal: stopping now; unadvanced messages will be redelivered")
+            self.forced_by = sig
             for task in asyncio.all_tasks():
-                if task.get_name().startswith("acklane-"):
+                name = task.get_name()
+                # the event store's writer commits what it holds as the store closes
+                if name.startswith("acklane-") and name != "acklane-event-store-writer":
                     task.cancel()
+            if self._main_task is not None:
+                self._main_task.cancel()  # the graceful stop itself: `acklane run` exits
             return
         self.request_stop()
 

@@ -1,10 +1,13 @@
 """``acklane emulator``: run a broker emulator for local development.
 
 ``start BROKER`` starts one (a local process, or a container when Docker
-answers), creates the entities asked for (``--topic``/``--subscription`` on
-Pub/Sub and Service Bus, ``--queue`` on Service Bus), prints the connector fields
-that reach it (YAML or JSON, on stdout, ready to paste into a stream block), and
-runs until Ctrl-C or SIGTERM.
+answers), creates the entities asked for (``--topic`` on Kafka, Pub/Sub and
+Service Bus; ``--subscription`` on Pub/Sub and Service Bus; ``--queue`` on SQS
+and Service Bus), or every entity the streams of ``--config`` read (on the port
+they reach), prints the connector fields that reach it (YAML or JSON, on stdout,
+ready to paste into a stream block; for Kafka with the client settings that make
+the emulator fast) and the variables the examples read, and runs until Ctrl-C
+or SIGTERM.
 """
 
 from __future__ import annotations
@@ -15,10 +18,12 @@ import tempfile
 import threading
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from types import FrameType
 from typing import Annotated, Any, NoReturn
+from urllib.parse import urlsplit
 
 import typer
 import yaml
@@ -27,7 +32,7 @@ from rich.text import Text
 
 from .emulator import BACKEND_ENV, BROKERS, EmulatorError, choose_backend, emulator_for
 
-__all__ = ["app", "main"]
+__all__ = ["FAST_KAFKA_CLIENT", "app", "example_environment", "main"]
 
 app = typer.Typer(
     name="emulator",
@@ -36,7 +41,25 @@ app = typer.Typer(
     add_completion=False,
 )
 
-_err = Console(stderr=True, highlight=False)
+_err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+#: librdkafka consumer settings that make the Kafka emulators quick to start
+#: consuming. A group join on tansu takes about half of ``session.timeout.ms``:
+#: with librdkafka's default (45000) the first record comes after ~23 s, with these
+#: after ~3 s. 6000 is also the smallest session timeout a default Kafka broker
+#: accepts (``group.min.session.timeout.ms``), so the block works on a real one too.
+FAST_KAFKA_CLIENT: dict[str, int] = {
+    "session.timeout.ms": 6000,
+    "heartbeat.interval.ms": 1500,
+    "fetch.wait.max.ms": 100,
+}
+
+#: SQS: receives after which the emulator's own redrive moves a message to the
+#: ``--queue NAME:DLQ`` dead-letter queue (acklane dead-letters rejected ones itself).
+SQS_MAX_RECEIVE_COUNT = 10
+
+#: Hosts that mean "this machine" in a configuration's endpoint.
+_LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]", "0.0.0.0")
 
 
 class Backend(StrEnum):
@@ -49,52 +72,173 @@ class Format(StrEnum):
     json = "json"
 
 
-def _fail(message: str) -> NoReturn:
+def _fail(message: str, code: int = 1) -> NoReturn:
     _err.print(Text(f"error: {message}", style="red"))
-    raise typer.Exit(1)
+    raise typer.Exit(code)
 
 
-#: The brokers that take ``--topic``/``--subscription``, and ``--queue``.
-_TOPICS = ("pubsub", "servicebus")
-_QUEUES = ("servicebus",)
+#: What ``--topic``, ``--subscription`` and ``--queue`` are for.
+_TOPICS = ("kafka", "pubsub", "servicebus")
+_SUBSCRIPTIONS = ("pubsub", "servicebus")
+_QUEUES = ("sqs", "servicebus")
 
 
-def _subscriptions(specs: list[str], topics: list[str]) -> list[tuple[str, str]]:
-    """``(subscription, topic)`` of each ``NAME[:TOPIC]`` (TOPIC: the only ``--topic``)."""
-    out = []
-    for spec in specs:
-        name, sep, topic = spec.partition(":")
-        if not sep:
-            if len(topics) != 1:
-                _fail(f"--subscription {spec}: name its topic (NAME:TOPIC), or give one --topic")
-            topic = topics[0]
-        if not name or not topic:
-            _fail(f"--subscription {spec!r}: expected NAME or NAME:TOPIC")
-        out.append((name, topic))
-    return out
+def example_environment(broker: str, settings: dict[str, Any]) -> dict[str, str]:
+    """The variables ``examples/<broker>.yaml`` reads, set to reach this emulator."""
+    if broker == "kafka":
+        return {"KAFKA_BOOTSTRAP_SERVERS": str(settings["bootstrap_servers"])}
+    if broker == "sqs":
+        return {"SQS_ENDPOINT_URL": str(settings["endpoint_url"]), "AWS_REGION": settings["region"]}
+    if broker == "pubsub":
+        return {
+            "PUBSUB_EMULATOR_HOST": str(settings["emulator_host"]),
+            "PUBSUB_PROJECT": str(settings["project"]),
+        }
+    if broker == "servicebus":
+        return {"SERVICEBUS_CONNECTION_STRING": str(settings["connection_string"])}
+    return {}
+
+
+@dataclass
+class _Plan:
+    """The entities to create, and where the emulator should listen."""
+
+    topics: list[str] = field(default_factory=list)
+    #: ``(subscription, topic)``.
+    subscriptions: list[tuple[str, str]] = field(default_factory=list)
+    #: Service Bus queues.
+    queues: list[str] = field(default_factory=list)
+    #: SQS ``(queue, dead-letter queue or None)``.
+    sqs_queues: list[tuple[str, str | None]] = field(default_factory=list)
+    port: int | None = None
+    #: Pub/Sub: the project the configuration names.
+    project: str | None = None
+
+    def add_topic(self, name: str) -> None:
+        if name not in self.topics:
+            self.topics.append(name)
+
+    def add_subscription(self, name: str, topic: str) -> None:
+        if all(s != name for s, _ in self.subscriptions):
+            self.subscriptions.append((name, topic))
+        self.add_topic(topic)
+
+    def add_queue(self, name: str) -> None:
+        if name not in self.queues:
+            self.queues.append(name)
+
+    def add_sqs_queue(self, name: str, dlq: str | None) -> None:
+        if dlq is not None and all(q != dlq for q, _ in self.sqs_queues):
+            self.sqs_queues.append((dlq, None))
+        for i, (queue, known) in enumerate(self.sqs_queues):
+            if queue == name:
+                self.sqs_queues[i] = (queue, dlq or known)
+                return
+        self.sqs_queues.append((name, dlq))
+
+    def listen_on(self, port: int, source: str) -> None:
+        if self.port is not None and self.port != port:
+            _fail(f"{source} reaches port {port}, another stream port {self.port}", 2)
+        self.port = port
+
+
+def _subscription_spec(spec: str, topics: list[str]) -> tuple[str, str]:
+    """``(subscription, topic)`` of ``NAME[:TOPIC]`` (TOPIC: the only ``--topic``)."""
+    name, sep, topic = spec.partition(":")
+    if not sep:
+        if len(topics) != 1:
+            _fail(f"--subscription {spec}: name its topic (NAME:TOPIC), or give one --topic", 2)
+        topic = topics[0]
+    if not name or not topic:
+        _fail(f"--subscription {spec!r}: expected NAME or NAME:TOPIC", 2)
+    return name, topic
+
+
+def _local_port(host_port: str, source: str) -> int | None:
+    """The port of ``host:port`` when the host is this machine (else a warning, None)."""
+    host, sep, port = host_port.strip().rpartition(":")
+    if not sep or not port.isdigit():
+        return None
+    if host.lower() not in _LOCAL_HOSTS:
+        _err.print(f"warning: {source} reaches {host_port}, not this machine", style="yellow")
+        return None
+    return int(port)
+
+
+def _plan_from_config(broker: str, path: Path, cli_topics: list[str], plan: _Plan) -> None:
+    """Add what the streams of ``path`` on ``broker`` read (and dead-letter to)."""
+    from acklane.core.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(path)
+    except ConfigError as exc:
+        _fail(f"--config: invalid configuration\n{exc}", 2)
+    streams = [s for s in cfg.streams.values() if s.connector_name == broker]
+    if not streams:
+        known = ", ".join(sorted({s.connector_name for s in cfg.streams.values()})) or "none"
+        _fail(f"{path} has no {broker} stream (its streams' connectors: {known})", 2)
+    for stream in streams:
+        c: Any = stream.config
+        where = f"{path}: stream {stream.name}"
+        if broker == "kafka":
+            for topic in c.topics:
+                if topic.startswith("^"):
+                    _err.print(f"{where}: {topic} is a pattern; create its topics with --topic")
+                else:
+                    plan.add_topic(topic)
+            if c.dlq_topic:
+                plan.add_topic(c.dlq_topic)
+            port = _local_port(c.bootstrap_servers.split(",")[0], where)
+        elif broker == "sqs":
+            name = c.queue_name or c.queue_url.rsplit("/", 1)[-1]
+            dlq = c.dead_letter_queue_url.rsplit("/", 1)[-1] if c.dead_letter_queue_url else None
+            plan.add_sqs_queue(name, dlq)
+            port = urlsplit(c.endpoint_url).port if c.endpoint_url else None
+            if c.endpoint_url and (urlsplit(c.endpoint_url).hostname or "") not in _LOCAL_HOSTS:
+                port = None
+        elif broker == "pubsub":
+            plan.project = plan.project or c.project_id
+            subscription = c.subscription_path.rsplit("/", 1)[-1]
+            if all(s != subscription for s, _ in plan.subscriptions):
+                if len(cli_topics) != 1:
+                    _fail(
+                        f"{where} reads the subscription {subscription}, and a configuration "
+                        "does not say its topic: add --topic TOPIC (or --subscription "
+                        f"{subscription}:TOPIC)",
+                        2,
+                    )
+                plan.add_subscription(subscription, cli_topics[0])
+            if c.dead_letter_topic_path:
+                plan.add_topic(c.dead_letter_topic_path.rsplit("/", 1)[-1])
+            port = _local_port(c.emulator_host, where) if c.emulator_host else None
+        else:  # servicebus
+            if c.queue is not None:
+                plan.add_queue(c.queue)
+            else:
+                plan.add_subscription(c.subscription, c.topic)
+            port = _local_port(c.namespace, where)
+        if port is not None:
+            plan.listen_on(port, where)
 
 
 @contextmanager
-def _servicebus_config(
-    queues: list[str], topics: list[str], subscriptions: list[tuple[str, str]]
-) -> Iterator[Path | None]:
+def _servicebus_config(plan: _Plan) -> Iterator[Path | None]:
     """A ``Config.json`` declaring the entities (both backends read one), or None."""
-    if not (queues or topics or subscriptions):
+    if not (plan.queues or plan.topics or plan.subscriptions):
         yield None
         return
-    declared = list(dict.fromkeys([*topics, *(t for _, t in subscriptions)]))
     namespace = {
         "Name": "sbemulatorns",
-        "Queues": [{"Name": q, "Properties": {}} for q in queues],
+        "Queues": [{"Name": q, "Properties": {}} for q in plan.queues],
         "Topics": [
             {
                 "Name": t,
                 "Properties": {},
                 "Subscriptions": [
-                    {"Name": s, "Properties": {}} for s, topic in subscriptions if topic == t
+                    {"Name": s, "Properties": {}} for s, topic in plan.subscriptions if topic == t
                 ],
             }
-            for t in declared
+            for t in plan.topics
         ],
     }
     with tempfile.TemporaryDirectory(prefix="acklane-sb-config-") as tmp:
@@ -103,10 +247,8 @@ def _servicebus_config(
         yield path
 
 
-def _create_pubsub(
-    settings: dict[str, Any], topics: list[str], subscriptions: list[tuple[str, str]]
-) -> None:
-    """Create Pub/Sub topics, then subscriptions (a topic named only there is created too)."""
+def _create_pubsub(settings: dict[str, Any], plan: _Plan) -> None:
+    """Create Pub/Sub topics, then subscriptions."""
     import grpc
     from google.pubsub_v1 import PublisherClient, SubscriberClient
     from google.pubsub_v1.services.publisher.transports import PublisherGrpcTransport
@@ -116,10 +258,10 @@ def _create_pubsub(
     with grpc.insecure_channel(settings["emulator_host"]) as channel:
         publisher = PublisherClient(transport=PublisherGrpcTransport(channel=channel))
         subscriber = SubscriberClient(transport=SubscriberGrpcTransport(channel=channel))
-        for topic in dict.fromkeys([*topics, *(t for _, t in subscriptions)]):
+        for topic in plan.topics:
             publisher.create_topic(name=f"projects/{project}/topics/{topic}", timeout=10)
             _err.print(f"created topic {topic}")
-        for name, topic in subscriptions:
+        for name, topic in plan.subscriptions:
             subscriber.create_subscription(
                 request={
                     "name": f"projects/{project}/subscriptions/{name}",
@@ -128,6 +270,70 @@ def _create_pubsub(
                 timeout=10,
             )
             _err.print(f"created subscription {name} on {topic}")
+
+
+def _create_kafka(settings: dict[str, Any], plan: _Plan, partitions: int) -> None:
+    from .kafka import KafkaKit
+
+    kit = KafkaKit(settings["bootstrap_servers"])
+    try:
+        for topic in plan.topics:
+            kit.create_topic(topic, partitions)
+            _err.print(f"created topic {topic} ({partitions} partition(s))")
+    finally:
+        kit.close()
+
+
+def _create_sqs(settings: dict[str, Any], plan: _Plan) -> None:
+    """Create SQS queues, each dead-letter queue before the queue whose redrive names it."""
+    import boto3
+
+    client = boto3.client(
+        "sqs",
+        endpoint_url=settings["endpoint_url"],
+        region_name=settings["region"],
+        aws_access_key_id=settings["aws_access_key_id"],
+        aws_secret_access_key=settings["aws_secret_access_key"],
+    )
+    try:
+        arns: dict[str, str] = {}
+        ordered = sorted(plan.sqs_queues, key=lambda q: q[1] is not None)
+        for name, dlq in ordered:
+            attributes: dict[str, str] = {}
+            if name.endswith(".fifo"):
+                attributes["FifoQueue"] = "true"
+            if dlq is not None:
+                attributes["RedrivePolicy"] = json.dumps(
+                    {"deadLetterTargetArn": arns[dlq], "maxReceiveCount": SQS_MAX_RECEIVE_COUNT}
+                )
+            url = client.create_queue(QueueName=name, Attributes=attributes)["QueueUrl"]
+            arns[name] = client.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])[
+                "Attributes"
+            ]["QueueArn"]
+            redrive = f", dead-letter queue {dlq}" if dlq else ""
+            _err.print(f"created queue {name}{redrive}")
+    finally:
+        client.close()
+
+
+def _settings_text(broker: str, backend: str, endpoint: str, settings: dict[str, Any]) -> str:
+    """The YAML to paste into a stream block, with comments on what is what."""
+    lines = [f"# the {broker} emulator ({backend}) at {endpoint}: the fields of a stream block"]
+    # Values as JSON strings (YAML's double-quoted scalars): a value that the output's
+    # redaction masks (a configuration's ${AWS_SECRET_ACCESS_KEY:-testing}) stays YAML.
+    lines += [f"{k}: {json.dumps(v)}" for k, v in settings.items() if k != "client"]
+    if "client" in settings:
+        lines += [
+            "# A group join on the emulator takes about half of session.timeout.ms: with",
+            "# librdkafka's default (45000) the first record comes after ~23 s; with these,",
+            "# after ~3 s:",
+            yaml.safe_dump({"client": settings["client"]}, sort_keys=False).rstrip(),
+        ]
+    env = example_environment(broker, settings)
+    if env:
+        lines.append(f"# examples/{broker}.yaml reads:")
+        lines += [f"#   export {name}='{value}'" for name, value in env.items()]
+    return "\n".join(lines)
 
 
 @app.callback()
@@ -159,14 +365,29 @@ def start(
         ),
     ] = None,
     port: Annotated[
-        int | None, typer.Option("--port", help="Listen on this port (local backend only).")
+        int | None,
+        typer.Option(
+            "--port",
+            help="Listen on this port (local backend only; default: the port the --config "
+            "streams reach, else a free one).",
+            show_default=False,
+        ),
     ] = None,
     output: Annotated[
         Format, typer.Option("--format", help="How to print the connection settings.")
     ] = Format.yaml,
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config",
+            help="A pipeline's YAML: create every topic, queue and subscription its streams "
+            "on BROKER read or dead-letter to, and listen on the port they reach.",
+            show_default=False,
+        ),
+    ] = None,
     topic: Annotated[
         list[str] | None,
-        typer.Option("--topic", help="Create this topic (pubsub, servicebus); repeatable."),
+        typer.Option("--topic", help="Create this topic (kafka, pubsub, servicebus); repeatable."),
     ] = None,
     subscription: Annotated[
         list[str] | None,
@@ -179,25 +400,49 @@ def start(
     ] = None,
     queue: Annotated[
         list[str] | None,
-        typer.Option("--queue", help="Create this queue (servicebus); repeatable."),
+        typer.Option(
+            "--queue",
+            metavar="NAME[:DLQ]",
+            help="Create this queue (sqs, servicebus); on SQS, NAME:DLQ also creates DLQ and "
+            f"makes it NAME's redrive target ({SQS_MAX_RECEIVE_COUNT} receives); repeatable.",
+        ),
     ] = None,
+    partitions: Annotated[
+        int, typer.Option("--partitions", min=1, help="Partitions of each Kafka topic created.")
+    ] = 1,
 ) -> None:
     """Start BROKER's emulator, create what is asked, print its settings, run until Ctrl-C."""
     if broker not in BROKERS:
-        _fail(f"no emulator for broker {broker!r} (known: {', '.join(sorted(BROKERS))})")
+        _fail(f"no emulator for broker {broker!r} (known: {', '.join(sorted(BROKERS))})", 2)
     topics, queues = list(topic or ()), list(queue or ())
-    if (topics or subscription) and broker not in _TOPICS:
-        _fail(f"--topic and --subscription are for {' and '.join(_TOPICS)}, not {broker}")
+    if topics and broker not in _TOPICS:
+        _fail(f"--topic is for {', '.join(_TOPICS)}, not {broker}", 2)
+    if subscription and broker not in _SUBSCRIPTIONS:
+        _fail(f"--subscription is for {' and '.join(_SUBSCRIPTIONS)}, not {broker}", 2)
     if queues and broker not in _QUEUES:
-        _fail(f"--queue is for {' and '.join(_QUEUES)}, not {broker}")
-    subscriptions = _subscriptions(list(subscription or ()), topics)
+        _fail(f"--queue is for {' and '.join(_QUEUES)}, not {broker}", 2)
+    plan = _Plan()
+    for spec in subscription or ():
+        plan.add_subscription(*_subscription_spec(spec, topics))
+    for name in topics:
+        plan.add_topic(name)
+    for spec in queues:
+        name, sep, dlq = spec.partition(":")
+        if not name or (sep and (not dlq or broker != "sqs")):
+            _fail(f"--queue {spec!r}: expected NAME (or NAME:DLQ on sqs)", 2)
+        if broker == "sqs":
+            plan.add_sqs_queue(name, dlq or None)
+        else:
+            plan.add_queue(name)
+    if config is not None:
+        _plan_from_config(broker, config, topics, plan)
+    if port is None:
+        port = plan.port
     declared: AbstractContextManager[Path | None] = (
-        _servicebus_config(queues, topics, subscriptions)
-        if broker == "servicebus"
-        else nullcontext()
+        _servicebus_config(plan) if broker == "servicebus" else nullcontext()
     )
-    with declared as config:
-        _start(broker, backend, port, output, config, topics, subscriptions)
+    with declared as entities:
+        _start(broker, backend, port, output, entities, plan, partitions)
 
 
 def _start(
@@ -206,16 +451,18 @@ def _start(
     port: int | None,
     output: Format,
     config: Path | None,
-    topics: list[str],
-    subscriptions: list[tuple[str, str]],
+    plan: _Plan,
+    partitions: int,
 ) -> None:
     options: dict[str, Any] = {} if port is None else {"port": port}
     if config is not None:
         options["config"] = config
+    if broker == "pubsub" and plan.project is not None:
+        options["project"] = plan.project
     try:
         emulator = emulator_for(broker, backend.value if backend else None, **options)
     except TypeError:
-        _fail(f"the {broker} emulator on this backend does not take --port")
+        _fail(f"the {broker} emulator on this backend does not take --port", 2)
     except (EmulatorError, ImportError) as exc:
         _fail(str(exc))
 
@@ -232,16 +479,25 @@ def _start(
         except EmulatorError as exc:
             _fail(str(exc))
         try:
-            if broker == "pubsub" and (topics or subscriptions):
-                try:
-                    _create_pubsub(emulator.client_settings(), topics, subscriptions)
-                except Exception as exc:
-                    _fail(f"creating the topics and subscriptions failed: {exc}")
-            settings = {"connector": broker, **emulator.client_settings()}
+            settings: dict[str, Any] = {"connector": broker, **emulator.client_settings()}
+            if plan.project is not None:
+                settings["project"] = plan.project
+            try:
+                if broker == "pubsub" and (plan.topics or plan.subscriptions):
+                    _create_pubsub(settings, plan)
+                elif broker == "kafka" and plan.topics:
+                    _create_kafka(settings, plan, partitions)
+                elif broker == "sqs" and plan.sqs_queues:
+                    _create_sqs(settings, plan)
+            except Exception as exc:
+                _fail(f"creating the topics, queues and subscriptions failed: {exc}")
+            if broker == "kafka":
+                settings["client"] = dict(FAST_KAFKA_CLIENT)
             if output is Format.json:
                 typer.echo(json.dumps(settings))
             else:
-                typer.echo(yaml.safe_dump(settings, sort_keys=False).rstrip())
+                text = _settings_text(broker, emulator.backend, emulator.endpoint, settings)
+                typer.echo(text)
             _err.print(
                 f"{broker} emulator ({emulator.backend}) ready at {emulator.endpoint}; "
                 "Ctrl-C to stop"

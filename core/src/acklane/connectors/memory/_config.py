@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from acklane.core.poison import DEFAULT_MAX_ATTEMPTS, MaxAttempts
+
 __all__ = ["MemoryConfig"]
 
 
@@ -19,6 +21,9 @@ class MemoryConfig(BaseModel):
     dlq_topic: str | None = Field(default=None, min_length=1)
     batch_size: int = Field(default=256, ge=1, le=1_000_000)
     poll_interval: float = Field(default=1.0, gt=0)
+    #: Failed attempts (a filter raised, an ack timeout) after which a redelivered
+    #: message is dead-lettered instead of given to the watchers again.
+    max_attempts: MaxAttempts = DEFAULT_MAX_ATTEMPTS
 
     @field_validator("topics")
     @classmethod

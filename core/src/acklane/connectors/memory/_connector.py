@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 
-from acklane.core.connectors import Connector
+from acklane.core.connectors import Connector, Publisher, PublishNotSupported
 
 from ._config import MemoryConfig
 from ._producer import MemoryProducer
@@ -31,4 +31,15 @@ class MemoryConnector(Connector[MemoryConfig]):
         return (
             f"memory broker={config.broker} topics={','.join(config.topics)} "
             f"group={config.group_id}"
+        )
+
+    @classmethod
+    def publisher(cls, config: MemoryConfig, *, destination: str | None = None) -> Publisher:
+        """Never: the memory broker lives inside the process that runs the pipeline."""
+        raise PublishNotSupported(
+            f"the memory broker {config.broker!r} lives inside the process that runs the "
+            "pipeline (acklane run): no other process, acklane publish included, can reach "
+            "it. Publish from Python in that process (MemoryBroker.get"
+            f"({config.broker!r}).publish(...)), or try a pipeline on a real broker's "
+            "emulator: examples/kafka.yaml says how (acklane emulator start kafka)"
         )

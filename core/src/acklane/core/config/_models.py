@@ -6,12 +6,21 @@ import re
 from collections.abc import Iterator
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+)
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
+from ..durations import parse_duration
+from ..events._retention import DEFAULT_RETENTION
 from ..redact import redact_url
-from ..sql import DEFAULT_URL
+from ..sql import DEFAULT_URL, unsupported_url
 
 #: Stream and watcher names (watcher names are trigger ids, stream names label metrics).
 NAME_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$"
@@ -34,7 +43,13 @@ class EngineSettings(_Settings):
     overflow: Literal["pause", "fail"] = "pause"
     restart_backoff_initial: float = Field(default=1.0, gt=0)
     restart_backoff_max: float = Field(default=60.0, gt=0)
+    #: Restarts of one stream's watchers in a row without progress (nothing advanced,
+    #: not a failure of one message, which max_attempts bounds) before acklane gives
+    #: up and ``acklane run`` exits 1; null = never give up.
+    max_restarts: int | None = Field(default=10, ge=0)
     shutdown_timeout: float = Field(default=30.0, gt=0)
+    #: Seconds between two INFO progress lines per stream while running; 0 = none.
+    progress_interval: float = Field(default=60.0, ge=0)
 
     @field_validator("restart_backoff_max")
     @classmethod
@@ -47,11 +62,19 @@ class EngineSettings(_Settings):
         return value
 
 
+#: A duration: seconds, or a number with a unit ("90s", "15m", "12h", "7d", "2w").
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+
+
 class StoreSettings(_Settings):
     """``store:``: the event store's database."""
 
     url: str = Field(default=DEFAULT_URL, min_length=1)
     commit_interval_ms: float = Field(default=2.0, ge=0)
+    #: Trigger events older than this are pruned (seconds, or "7d", "12h"); null = kept.
+    retention: Annotated[Duration, Field(gt=0)] | None = DEFAULT_RETENTION
+    #: How often a running engine prunes (seconds, or "1h"); only with a retention.
+    prune_interval: Annotated[Duration, Field(gt=0)] = 3600.0
 
     def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
         for name, value in super().__repr_args__():
@@ -67,6 +90,9 @@ class StoreSettings(_Settings):
                 "expected a database URL such as sqlite:///acklane.db or "
                 "postgresql://user@host:5432/db"
             ) from None
+        unsupported = unsupported_url(value)
+        if unsupported is not None:
+            raise ValueError(unsupported)
         return value
 
 

@@ -15,6 +15,7 @@ from pydantic_core import ErrorDetails
 from ..connectors import UnknownConnector, available_connectors, load_connector
 from ..filters import FilterSpec, FilterSpecError, compile_filter
 from ..redact import redact, remember, secrets_in
+from ..sql import offline_url_problem
 from ..stores.settings import StateStoreSettings
 from ._errors import ConfigError, ConfigProblem, Loc
 from ._messages import _describe, _field_names, _got, _model_at
@@ -214,16 +215,20 @@ def _read_file(path: str | os.PathLike[str]) -> tuple[str, str]:
 
 
 def load_config(
-    path: str | os.PathLike[str], *, env: Mapping[str, str] | None = None
+    path: str | os.PathLike[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    offline_checks: bool = False,
 ) -> AcklaneConfig:
     """Read and validate a YAML configuration file; raises :class:`ConfigError`.
 
     Function filters (``function: mypipeline.filters:big_orders``) are imported from
     the configuration file's directory first, then the working directory.
+    ``offline_checks`` (``acklane validate``): see :func:`parse_config`.
     """
     source, text = _read_file(path)
     _add_import_roots(Path(source).resolve().parent, Path.cwd())
-    return parse_config(text, source=source, env=env)
+    return parse_config(text, source=source, env=env, offline_checks=offline_checks)
 
 
 def _add_import_roots(*directories: Path) -> None:
@@ -275,9 +280,18 @@ def parse_store_config(
 
 
 def parse_config(
-    text: str, *, source: str = "<string>", env: Mapping[str, str] | None = None
+    text: str,
+    *,
+    source: str = "<string>",
+    env: Mapping[str, str] | None = None,
+    offline_checks: bool = False,
 ) -> AcklaneConfig:
-    """Validate a configuration given as YAML text; ``source`` names it in errors."""
+    """Validate a configuration given as YAML text; ``source`` names it in errors.
+
+    ``offline_checks`` also looks at this machine, without the network: the SQLite
+    file's directory exists and is writable, the PostgreSQL driver is installed, the
+    files a stream's settings name exist (each connector's ``offline_problems``).
+    """
     reader, data = _read(text, source, env)
     for key in data:
         if isinstance(key, str) and key.startswith("x-"):
@@ -296,6 +310,8 @@ def parse_config(
     streams = _streams(reader, stream_blocks)
     watchers = _watchers(reader, watcher_entries, streams, known_streams=list(stream_blocks))
     state = _state(reader, state_raw or {})
+    if offline_checks:
+        _offline_checks(reader, sections["store"], streams)
     if reader.problems:
         _raise(reader, data)
     engine, store, metrics = sections["engine"], sections["store"], sections["metrics"]
@@ -315,6 +331,24 @@ def parse_config(
         watchers=tuple(watchers),
         secrets=secrets,
     )
+
+
+def _offline_checks(
+    reader: _Reader, store: _Settings | None, streams: Mapping[str, StreamConfig]
+) -> None:
+    """Problems found on this machine without the network, reported like the others."""
+    if isinstance(store, StoreSettings):
+        problem = offline_url_problem(store.url)
+        if problem is not None:
+            reader.problem(("store", "url"), problem)
+    for name, stream in streams.items():
+        try:
+            found = list(stream.connector.offline_problems(stream.config))
+        except Exception as exc:  # a connector's bug must not hide the other problems
+            found = [("", f"connector {stream.connector_name!r}: offline check failed: {exc}")]
+        for field, message in found:
+            loc: Loc = ("streams", name, field) if field else ("streams", name)
+            reader.problem(loc, message)
 
 
 def _mapping(

@@ -6,6 +6,8 @@
 - :func:`verdict` and :class:`Verdict`: what to do with one resolved message;
 - :class:`Action`: the names a producer's ``counters()`` may use;
 - :class:`CommitLedger`: holds, floors and commit plans of a cumulative-commit broker;
+- :class:`Publisher` and :class:`OutgoingMessage`: the optional sending side
+  (``acklane publish``), :class:`PublishNotSupported` by default;
 - the dead-letter vocabulary lives in :mod:`acklane.core.deadletter`.
 
 See ``docs/connectors/README.md``.
@@ -14,6 +16,7 @@ See ``docs/connectors/README.md``.
 from ._actions import Action
 from ._connector import ConfigT, Connector
 from ._ledger import CommitLedger, CommitPlan, LedgerEntry
+from ._publish import OutgoingMessage, Publisher, PublishError, PublishNotSupported
 from ._registry import ENTRY_POINT_GROUP, UnknownConnector, available_connectors, load_connector
 from ._trigger import ConnectorTrigger
 from ._verdict import Verdict, verdict
@@ -27,6 +30,10 @@ __all__ = [
     "Connector",
     "ConnectorTrigger",
     "LedgerEntry",
+    "OutgoingMessage",
+    "PublishError",
+    "PublishNotSupported",
+    "Publisher",
     "UnknownConnector",
     "Verdict",
     "available_connectors",

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Mapping, Sequence
 from typing import Any, ClassVar, Generic
 
 from pydantic import BaseModel
 from typing_extensions import TypeVar
 
 from ..producer import SharedStreamProducer
+from ._publish import Publisher, PublishNotSupported
 
 __all__ = ["ConfigT", "Connector"]
 
@@ -48,6 +49,42 @@ class Connector(ABC, Generic[ConfigT]):
         """A one-line, secret-free description for logs and the CLI."""
         return f"{cls.name} {cls.key(config)!r}"
 
+    @classmethod
+    def publisher(cls, config: ConfigT, *, destination: str | None = None) -> Publisher:
+        """A :class:`Publisher` that sends messages where this stream reads them.
+
+        Optional (``acklane publish``): the default raises :class:`PublishNotSupported`.
+        ``destination`` picks one when the stream reads several (a Kafka topic) or
+        names another one (a Pub/Sub topic); ``None``: the stream's own.
+        """
+        raise PublishNotSupported(
+            f"the {cls.name} connector cannot publish messages (it has no publisher)"
+        )
+
+    @classmethod
+    def offline_problems(cls, config: ConfigT) -> Sequence[tuple[str, str]]:
+        """What ``acklane validate`` can find wrong without the network, as
+        ``(field, message)`` pairs: a certificate file that does not exist, say.
+
+        Optional: the default finds nothing. Never connects, never raises.
+        """
+        return ()
+
+    @classmethod
+    async def check_connection(cls, config: ConfigT, *, call_timeout: float) -> str | None:
+        """Reach the broker as ``acklane validate --connect`` does, cheaply, changing
+        nothing: no message is received, sent, settled or committed.
+
+        Returns a short account of what was found (``"cluster abc: topics orders,
+        orders.dlq exist"``). Raises when the broker cannot be used: an error whose
+        message says why and names the setting to check (a
+        :class:`~acklane.core.errors.BrokerAuthError` for refused credentials or
+        permissions). Each call to the broker is bounded by ``call_timeout`` seconds (the
+        caller bounds the whole check too). The default returns None: "this
+        connector has no connection check".
+        """
+        return None
+
     # -- what the engine, the YAML loader and the triggers call
 
     @classmethod
@@ -78,6 +115,13 @@ class Connector(ABC, Generic[ConfigT]):
     def create_producer(cls, config: ConfigT | Mapping[str, Any]) -> SharedStreamProducer:
         """A new producer for one group's poll, from a configuration or its fields."""
         return cls.producer(cls.config(config))
+
+    @classmethod
+    def create_publisher(
+        cls, config: ConfigT | Mapping[str, Any], *, destination: str | None = None
+    ) -> Publisher:
+        """A new publisher to the stream's upstream, from a configuration or its fields."""
+        return cls.publisher(cls.config(config), destination=destination)
 
     @classmethod
     def describe(cls, config: ConfigT | Mapping[str, Any]) -> str:

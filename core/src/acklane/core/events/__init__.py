@@ -13,10 +13,25 @@ from __future__ import annotations
 from ..sql import DEFAULT_URL
 from ._model import EventRecord, StoredEvent
 from ._reader import EventReader
+from ._retention import (
+    DEFAULT_PRUNE_BATCH,
+    DEFAULT_RETENTION,
+    count_older_than,
+    cutoff_for,
+    prune_older_than,
+)
 from ._schema import TABLE_NAME, events_table, metadata
-from ._store import BeforeCommitHook, ConfirmCallback, EventStore, EventStoreStats
+from ._store import (
+    BeforeCommitHook,
+    ConfirmCallback,
+    EventStore,
+    EventStoreStats,
+    StoreUnavailable,
+)
 
 __all__ = [
+    "DEFAULT_PRUNE_BATCH",
+    "DEFAULT_RETENTION",
     "DEFAULT_URL",
     "TABLE_NAME",
     "BeforeCommitHook",
@@ -25,7 +40,11 @@ __all__ = [
     "EventRecord",
     "EventStore",
     "EventStoreStats",
+    "StoreUnavailable",
     "StoredEvent",
+    "count_older_than",
+    "cutoff_for",
     "events_table",
     "metadata",
+    "prune_older_than",
 ]

@@ -72,11 +72,14 @@ def encode_record(record: EventRecord) -> EncodedRow:
     if not isinstance(record, EventRecord):
         raise TypeError(f"EventStore.put() takes an EventRecord, not {type(record).__qualname__}")
     trigger_id = record.trigger_id
-    _check_text("trigger_id", trigger_id, trigger_id, max_bytes=MAX_TRIGGER_ID_BYTES)
-    if not trigger_id:
-        raise ValueError("trigger_id must not be empty")
-    _check_text("stream_key", record.stream_key, trigger_id, max_bytes=None)
-    stream_key = storable_stream_key(record.stream_key)
+    # A watcher puts every event with the same two: checked once (while they are
+    # exact strs, so that the lookup itself cannot fail), then found here.
+    pair = (trigger_id, record.stream_key)
+    stream_key = (
+        _CHECKED_PAIRS.get(pair) if type(trigger_id) is str and type(pair[1]) is str else None
+    )
+    if stream_key is None:
+        stream_key = _check_pair(trigger_id, record.stream_key)
     message_id = record.message_id
     if message_id is not None:
         if not isinstance(message_id, str):
@@ -106,6 +109,27 @@ def encode_record(record: EventRecord) -> EncodedRow:
     if not strict:
         _payload_error(trigger_id, payload)
     return (trigger_id, stream_key, text, message_id, position)
+
+
+# (trigger_id, stream_key) already checked -> the storable stream key. Bounded.
+_CHECKED_PAIRS: dict[tuple[str, str], str] = {}
+_CHECKED_PAIRS_MAX = 4096
+
+
+def _check_pair(trigger_id: Any, stream_key: Any) -> str:
+    """Check a record's trigger id and stream key; the storable stream key."""
+    _check_text("trigger_id", trigger_id, trigger_id, max_bytes=MAX_TRIGGER_ID_BYTES)
+    if not trigger_id:
+        raise ValueError("trigger_id must not be empty")
+    _check_text("stream_key", stream_key, trigger_id, max_bytes=None)
+    storable = storable_stream_key(stream_key)
+    if (
+        type(trigger_id) is str
+        and type(stream_key) is str
+        and len(_CHECKED_PAIRS) < _CHECKED_PAIRS_MAX
+    ):
+        _CHECKED_PAIRS[(trigger_id, stream_key)] = storable
+    return storable
 
 
 def _refuse(obj: object) -> NoReturn:

@@ -30,6 +30,7 @@ from sqlalchemy.schema import CreateIndex
 from ._model import MAX_STREAM_KEY_BYTES, StoredEvent, storable_stream_key
 
 __all__ = [
+    "CREATED_AT_INDEX",
     "DEDUPE_INDEX",
     "INSERT_COLUMNS",
     "TABLE_NAME",
@@ -80,6 +81,8 @@ DEDUPE_INDEX = Index(
     postgresql_where=_message_id.is_not(None),
 )
 Index(f"{TABLE_NAME}_trigger", events_table.c.trigger_id, events_table.c.id)
+#: For retention: pruning finds the rows older than a cutoff through it.
+CREATED_AT_INDEX = Index(f"{TABLE_NAME}_created_at", events_table.c.created_at)
 
 #: Dedupe indexes of earlier versions, dropped when a store opens the table. The
 #: first one, on (trigger_id, message_id, position), took a message from another
@@ -133,6 +136,10 @@ async def create_tables(engine: AsyncEngine, *, attempts: int = 5) -> None:
 def _create_or_migrate(conn: Connection) -> None:
     metadata.create_all(conn, checkfirst=True)
     present = _index_names(conn)
+    if CREATED_AT_INDEX.name not in present:
+        # Tables made before retention existed: pruning would scan the whole table.
+        conn.execute(CreateIndex(CREATED_AT_INDEX, if_not_exists=True))
+        log.info("event store: index %s created (for retention)", CREATED_AT_INDEX.name)
     retired = [name for name in _RETIRED_INDEXES if name in present]
     if DEDUPE_INDEX.name in present and not retired:
         return

@@ -18,16 +18,20 @@ from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import TracebackType
-from typing import Literal
+from typing import Literal, NoReturn
 
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from ..durations import format_duration
+from ..errors import AcklaneError
 from ..redact import redact_url
-from ..sql import DEFAULT_URL, async_engine
+from ..sql import DEFAULT_URL, async_engine, sqlite_path_problem, unsupported_url
 from ._insert import BatchInsert, batch_insert_for
 from ._model import EncodedRow, EventRecord, StoredEvent, encode_record
 from ._reader import EventReader
+from ._retention import DEFAULT_PRUNE_BATCH, count_older_than, cutoff_for, prune_older_than
 from ._schema import create_tables
 
 __all__ = [
@@ -35,8 +39,10 @@ __all__ = [
     "ConfirmCallback",
     "EventStore",
     "EventStoreStats",
+    "StoreUnavailable",
     "backoff",
     "display_url",
+    "why_unavailable",
 ]
 
 log = logging.getLogger("acklane.core.events")
@@ -63,6 +69,8 @@ class EventStoreStats:
     failed_attempts: int = 0
     #: The most records one transaction held.
     largest_batch: int = 0
+    #: Rows deleted by retention (:meth:`EventStore.prune`).
+    pruned: int = 0
 
 
 class EventStore:
@@ -79,6 +87,8 @@ class EventStore:
     #: First and largest pause between two attempts at a failed batch (seconds).
     retry_initial_delay: float = 0.05
     retry_max_delay: float = 5.0
+    #: Seconds :meth:`open` waits for its first connection before it gives up.
+    open_timeout: float = 30.0
 
     def __init__(
         self,
@@ -122,6 +132,9 @@ class EventStore:
         self._batch_full = asyncio.Event()  # cut the linger short
         self._room = asyncio.Event()  # the queue shrank below max_pending
         self._closed = asyncio.Event()
+        # Health (read by /readyz from another thread: plain values only).
+        self._write_problem: str | None = None  # the last write attempt failed: why
+        self._ping_problem: str | None = None  # the last ping failed: why
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -145,15 +158,16 @@ class EventStore:
             raise RuntimeError(
                 f"event store {self._display_url()} is {self._state}; open a new one"
             )
-        backend = make_url(self.url).get_backend_name()
-        if backend not in ("sqlite", "postgresql"):
+        unsupported = unsupported_url(self.url)
+        if unsupported is not None:
             raise ValueError(
-                f"the event store supports sqlite:// and postgresql:// URLs, "
-                f"not {backend}:// ({self._display_url()})"
+                f"the event store supports sqlite:// and postgresql:// URLs "
+                f"({self._display_url()}): {unsupported}"
             )
         engine = async_engine(self.url)
         try:
             self._insert = batch_insert_for(engine.dialect)
+            await _reach(engine, self.url, self.open_timeout)
             await create_tables(engine)
         except BaseException:
             await engine.dispose()
@@ -314,13 +328,24 @@ class EventStore:
                     inserted = await self._insert(conn, rows, created_at)
                     if self.before_commit is not None:
                         await self.before_commit(conn)
+                self._write_problem = None
+                if attempt > 1:
+                    log.info(
+                        "event store %s: writable again; the batch was committed at attempt %d",
+                        self._display_url(),
+                        attempt,
+                    )
                 return inserted
             except Exception as exc:  # DB error, lock, lost connection: nothing is confirmed
                 self.stats.failed_attempts += 1
+                self._write_problem = f"writing failed: {type(exc).__name__}: {exc}"
                 delay = next(pauses)
-                log.warning(
+                # told once per outage (then at DEBUG), and once more when it ends
+                log.log(
+                    logging.WARNING if attempt == 1 else logging.DEBUG,
                     "event store %s: writing a batch of %d event(s) failed (attempt %d), "
-                    "rolled back, nothing confirmed; retrying in %.2f s: %s: %s",
+                    "rolled back, nothing confirmed; retrying in %.2f s until it succeeds: "
+                    "%s: %s",
                     self._display_url(),
                     len(rows),
                     attempt,
@@ -377,6 +402,111 @@ class EventStore:
     def _turn(self) -> AbstractAsyncContextManager[object]:
         return self._serialize if self._serialize is not None else nullcontext()
 
+    # -- health ----------------------------------------------------------------------
+
+    @property
+    def problem(self) -> str | None:
+        """Why the store cannot take events now (None: it can): it is not open, its
+        writer stopped, its last write attempt failed (and is being retried), or the
+        last :meth:`ping` failed. Safe to read from another thread."""
+        if self._failure is not None:
+            return "the event store writer stopped"
+        if self._state != "open":
+            return f"the event store is {self._state}"
+        return self._write_problem or self._ping_problem
+
+    async def ping(self, max_wait: float = 5.0) -> bool:
+        """A cheap round trip to the database (``SELECT 1``); records the outcome for
+        :attr:`problem` and returns whether it succeeded. Never raises for a database
+        problem or a timeout."""
+        if self._engine is None or self._state != "open":
+            return False
+        try:
+            async with asyncio.timeout(max_wait), self._turn(), self._engine.connect() as conn:
+                await conn.exec_driver_sql("SELECT 1")
+        except TimeoutError:
+            self._ping_problem = f"the database did not answer within {max_wait:g}s"
+            return False
+        except Exception as exc:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise asyncio.CancelledError from None  # cancelled inside the driver
+            self._ping_problem = f"the database is unreachable: {type(exc).__name__}: {exc}"
+            return False
+        self._ping_problem = None
+        return True
+
+    # -- retention -------------------------------------------------------------------
+
+    async def count_older_than(self, cutoff: datetime) -> int:
+        """How many stored events were created before ``cutoff``."""
+        engine = self._open_engine()
+        return await count_older_than(engine, cutoff, serialize=self._turn)
+
+    async def prune(
+        self,
+        cutoff: datetime,
+        *,
+        batch_size: int = DEFAULT_PRUNE_BATCH,
+        on_batch: Callable[[int], None] | None = None,
+    ) -> int:
+        """Delete the events created before ``cutoff``, ``batch_size`` per transaction
+        (see :func:`~acklane.core.events.prune_older_than`); the number deleted."""
+        engine = self._open_engine()
+
+        def counted(n: int) -> None:
+            self.stats.pruned += n
+            if on_batch is not None:
+                on_batch(n)
+
+        return await prune_older_than(
+            engine, cutoff, batch_size=batch_size, serialize=self._turn, on_batch=counted
+        )
+
+    async def run_retention_forever(
+        self, retention: float, interval: float, *, batch_size: int = DEFAULT_PRUNE_BATCH
+    ) -> NoReturn:
+        """Prune events older than ``retention`` seconds now, then every ``interval``.
+
+        Meant to run as a task owned by the engine's TaskGroup and cancelled with it.
+        A failed round is logged and tried again at the next interval: a database
+        hiccup must not bring the engine down.
+        """
+        while True:
+            cutoff = cutoff_for(retention)
+            try:
+                deleted = await self.prune(cutoff, batch_size=batch_size)
+            except Exception as exc:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    # a cancellation inside a database call can surface as a driver
+                    # error (SQLAlchemy's greenlet bridge): stop all the same
+                    raise asyncio.CancelledError from None
+                log.warning(
+                    "event store %s: pruning events older than %s failed; next try in %s: %s: %s",
+                    self._display_url(),
+                    format_duration(retention),
+                    format_duration(interval),
+                    type(exc).__name__,
+                    exc,
+                )
+                log.debug("pruning failed", exc_info=True)
+            else:
+                if deleted:
+                    log.info(
+                        "event store %s: pruned %d event(s) created before %s (retention %s)",
+                        self._display_url(),
+                        deleted,
+                        cutoff.isoformat(timespec="seconds"),
+                        format_duration(retention),
+                    )
+            await asyncio.sleep(interval)
+
+    def _open_engine(self) -> AsyncEngine:
+        if self._engine is None or self._state == "closed":
+            raise RuntimeError(f"event store {self._display_url()} is not open")
+        return self._engine
+
     # -- reading ---------------------------------------------------------------------
 
     @property
@@ -427,6 +557,55 @@ class EventStore:
 
     def __repr__(self) -> str:
         return f"<EventStore {self._display_url()} {self._state} pending={self.pending}>"
+
+
+class StoreUnavailable(AcklaneError, RuntimeError):
+    """The event store's database cannot be opened (``store.url``): a SQLite file in a
+    directory that is missing or not writable, a PostgreSQL server that does not
+    answer or refuses the login. ``acklane run`` exits with code 1 on it."""
+
+    def __init__(self, url: str, reason: str) -> None:
+        self.url = display_url(url)
+        self.reason = reason
+        super().__init__(f"cannot open the event store {self.url} (store.url): {reason}")
+
+
+async def _reach(engine: AsyncEngine, url: str, seconds: float) -> None:
+    """Connect once, so that a database that cannot be opened is named, not retried."""
+    u = make_url(url)
+    if (
+        u.get_backend_name() == "sqlite"
+        and u.database
+        and not _is_sqlite_memory(url)
+        and "uri" not in u.query
+    ):
+        # Named without trying: a failed aiosqlite connect can leave its worker thread
+        # answering a loop that is already closed (a stray traceback at exit).
+        problem = sqlite_path_problem(u.database)
+        if problem:
+            raise StoreUnavailable(url, f"unable to open database file: {problem}")
+    try:
+        async with asyncio.timeout(seconds), engine.connect():
+            pass
+    except TimeoutError:
+        raise StoreUnavailable(url, f"no connection within {seconds:g}s") from None
+    except (DBAPIError, OSError) as exc:
+        raise StoreUnavailable(url, why_unavailable(url, exc)) from exc
+
+
+def why_unavailable(url: str, exc: BaseException) -> str:
+    """A one-line reason a database could not be opened: the driver's first words,
+    and for SQLite what is wrong with the file's directory."""
+    original = getattr(exc, "orig", None) or exc
+    lines = [line.strip() for line in str(original).splitlines() if line.strip()]
+    reason = "; ".join(line for line in lines if not line.startswith("(Background"))
+    reason = reason or type(original).__name__
+    u = make_url(url)
+    if u.get_backend_name() == "sqlite" and not _is_sqlite_memory(url) and u.database:
+        problem = sqlite_path_problem(u.database)
+        if problem:
+            reason = f"{reason}: {problem}"
+    return reason
 
 
 def backoff(initial: float, cap: float) -> Iterator[float]:

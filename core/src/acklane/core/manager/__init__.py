@@ -27,7 +27,14 @@ from ._ledger import _Entry as _Entry
 from ._manager import SharedStreamManager
 from ._subscriber import _Binding as _Binding
 from ._subscriber import _Subscriber as _Subscriber
-from ._types import AdvanceObserver, BoundEvent, FailureObserver, GroupStats, LeaveObserver
+from ._types import (
+    AdvanceObserver,
+    BoundEvent,
+    FailureObserver,
+    GroupStats,
+    LeaveObserver,
+    PoisonPolicy,
+)
 
 __all__ = [
     "AdvanceObserver",
@@ -35,5 +42,6 @@ __all__ = [
     "FailureObserver",
     "GroupStats",
     "LeaveObserver",
+    "PoisonPolicy",
     "SharedStreamManager",
 ]

@@ -10,10 +10,10 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Hashable, Iterable
+from collections.abc import AsyncIterator, Callable, Hashable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..producer import AdvanceItem, SharedStreamProducer
+from ..producer import AdvanceItem, AdvanceOutcome, LaneBatch, SharedStreamProducer
 from ..trigger import (
     BaseEventTrigger,
     StreamEnded,
@@ -22,7 +22,7 @@ from ..trigger import (
     uses_ack_channel,
 )
 from ._common import aclose_iter, log
-from ._ledger import _CLEAN_CACHE, _EMPTY_LANE, ACKED, FAILED, _Entry, _outcome
+from ._ledger import _EMPTY_LANE, ACKED, FAILED, _Entry, _outcome
 from ._subscriber import _Subscriber
 from ._types import GroupStats, _new_tuple
 
@@ -30,6 +30,12 @@ if TYPE_CHECKING:
     from ._manager import SharedStreamManager
 
 _monotonic = time.monotonic
+
+# No LaneBatch: each pair's lane is the producer's get_advance_lane().
+_NO_LANE: Any = object()
+
+# The outcome of an entry every member acked, by that number (the pump's common case).
+_ACKED_ONLY: dict[int, AdvanceOutcome] = {}
 
 
 class _Group:
@@ -61,6 +67,12 @@ class _Group:
         # the producer's message_id(), looked up once: None when it has none (Airflow's
         # producers) or only the default one, so nothing is called per event then
         self.message_id_of: Callable[[Any], str | None] | None = None
+        # the poison policy's live suspects of this key (message ids with failed
+        # attempts on record): the poll looks a raw event up only while it is not empty
+        policy = manager.poison_policy
+        self.suspects: Mapping[str, object] = (
+            _NO_SUSPECTS if policy is None else policy.suspects(key)
+        )
         self.error: BaseException | None = None
         self.frozen = False  # after failure/stop: no more resolutions count
         self.advance_broken = False
@@ -130,10 +142,18 @@ class _Group:
         sub.queue.clear()
         sub.wake()
 
-    def force_fail(self, sub: _Subscriber, exc: BaseException) -> None:
-        """Fail the subscriber out of every outstanding event; its iterator raises ``exc``."""
+    def force_fail(
+        self, sub: _Subscriber, exc: BaseException, culprit: _Entry | None = None
+    ) -> None:
+        """Fail the subscriber out of every outstanding event; its iterator raises ``exc``.
+
+        ``culprit``: the raw event the failure belongs to (the filter raised on it, or
+        sat on it past the ack timeout); the poison policy counts it a failed attempt.
+        """
         if sub.failure is not None:
             return
+        if culprit is not None:
+            self._attempt_failed(sub, culprit, exc)
         sub.failure = exc
         self._remove_member(sub)
         if self.acking and not self.frozen:
@@ -207,9 +227,9 @@ class _Group:
         lanes = self.lanes
         stats = self.stats
         wake = self._pump_wake
-        # A local: CPython 3.11 compiles a method call on an imported name (the cache
-        # lives in _ledger) as an attribute load plus a call, a bound method per event.
-        clean_get = _CLEAN_CACHE.get
+        # Locals: CPython 3.11 compiles a method call on an imported name as an
+        # attribute load plus a call, a bound method per event.
+        acked_get = _ACKED_ONLY.get
         while True:
             if not ready:
                 if self._closing:
@@ -227,9 +247,13 @@ class _Group:
             latencies = self.latencies
             while q and q[0].remaining == 0:
                 entry = q.popleft()
-                outcome = clean_get((entry.acked, entry.failed, entry.rejected))
-                if outcome is None or entry.reasons:
+                # acked by every member (reasons come only with rejections): shared, by
+                # an int key (no tuple per event)
+                outcome = None if entry.failed or entry.rejected else acked_get(entry.acked)
+                if outcome is None:
                     outcome = _outcome(entry)
+                    if not (entry.failed or entry.rejected) and len(_ACKED_ONLY) < 1024:
+                        _ACKED_ONLY[entry.acked] = outcome
                 batch.append(_new_tuple(AdvanceItem, (entry.payload, outcome)))
                 if latencies is not None:
                     latencies.append(_monotonic() - entry.t)
@@ -246,6 +270,8 @@ class _Group:
             stats.advance_batches += 1
             stats.advanced_events += len(batch)
             stats.advance_seconds += _monotonic() - started
+            if self.suspects:
+                self._suspects_resolved(batch)
             observer = self.manager.on_advance
             if observer is not None:
                 try:
@@ -312,22 +338,34 @@ class _Group:
         """Ack mode: enter each raw event in its lane's ledger, then broadcast it."""
         stream, single = _open_upstream(producer)
         maxq = self.manager.max_subscriber_queue
+        almost_full = maxq - 1  # a queue this deep before the append is full after it
         get_lane = producer.get_advance_lane
         lanes = self.lanes
         stats = self.stats
+        suspects = self.suspects
         try:
             async for item in stream:
-                batch: Iterable[tuple[Any, Any]] = (item,) if single else item
+                fixed: Hashable = _NO_LANE  # the lane of every pair of a LaneBatch
+                batch: Iterable[tuple[Any, Any]]
+                if single:
+                    batch = (item,)
+                elif type(item) is LaneBatch:
+                    fixed, batch = item
+                else:
+                    batch = item
                 now = _monotonic()
+                lane_q: deque[_Entry] | None = None
+                lane: Hashable = None
                 # once per raw event from here on: helpers only off the delivery path
                 for raw, payload in batch:
-                    lane = get_lane(payload)
-                    try:
-                        lane_q = lanes.get(lane)
-                    except TypeError as exc:
-                        raise TypeError(f"advance lane {lane!r} is not hashable") from exc
-                    if lane_q is None:
-                        lane_q = self._new_lane(lane)
+                    if fixed is _NO_LANE or lane_q is None:
+                        lane = get_lane(payload) if fixed is _NO_LANE else fixed
+                        try:
+                            lane_q = lanes.get(lane)
+                        except TypeError as exc:
+                            raise TypeError(f"advance lane {lane!r} is not hashable") from exc
+                        if lane_q is None:
+                            lane_q = self._new_lane(lane)
                     members = self.members
                     entry = _Entry(payload, raw, lane, lane_q, now, len(members))
                     lane_q.append(entry)
@@ -335,21 +373,24 @@ class _Group:
                     if not members:
                         self._unclaimed(entry)
                         continue
+                    if suspects and self._poisoned(entry):
+                        continue
                     filled = False
                     for sub in members:
                         queue = sub.queue
-                        if len(queue) >= maxq:
-                            queue.append(entry)  # counted in this event too, then failed
-                            self._overflow(sub, maxq)
-                            continue
+                        depth = len(queue)
                         queue.append(entry)
-                        if sub.waiter is not None:
+                        if sub.waiter is not None:  # (never while its queue is full)
                             sub.wake()
-                        if len(queue) >= maxq:
+                        if depth >= almost_full:
+                            if depth >= maxq:  # counted in this event too, then failed
+                                self._overflow(sub, maxq)
+                                continue
                             filled = True
                     if filled and self.pausing:
                         await self._wait_for_room(maxq)
                         now = _monotonic()
+                        lane_q = None  # the pump may have drained and dropped it meanwhile
         finally:
             await aclose_iter(stream)
 
@@ -402,7 +443,8 @@ class _Group:
 
     def _timeout(self, sub: _Subscriber) -> None:
         """The subscriber sat on an event past ``ack_timeout``: fail it out of everything."""
-        event_id = self._event_id(sub.oldest_entry())
+        oldest = sub.oldest_entry()
+        event_id = self._event_id(oldest)
         log.warning(
             "Shared stream ack timeout key=%r trigger_id=%s event=%s after %.3gs",
             self.key,
@@ -416,7 +458,73 @@ class _Group:
                 f"trigger {sub.trigger_id} did not resolve event {event_id} within "
                 f"ack_timeout={self.manager.ack_timeout}s"
             ),
+            oldest if _stuck_on(sub, oldest) else None,
         )
+
+    # -- the poison policy (acklane's addition; nothing runs per event without suspects)
+
+    def _message_id(self, entry_payload: Any) -> str | None:
+        """The producer's identity of a payload (None: it has none, or failed to say)."""
+        message_id = self.message_id_of
+        if message_id is None:
+            return None
+        try:
+            return message_id(entry_payload)
+        except Exception:  # message_id() failing costs the poison count, never the event
+            return None
+
+    def _attempt_failed(self, sub: _Subscriber, entry: _Entry, exc: BaseException) -> None:
+        """``sub`` failed on ``entry``: a failed attempt of that message, for the policy."""
+        policy = self.manager.poison_policy
+        if policy is None or not self.acking or self.frozen:
+            return
+        mid = self._message_id(entry.payload)
+        if mid is None:
+            return
+        try:
+            policy.failed(self.key, sub.trigger_id, mid, exc)
+        except Exception:  # the policy must never break the ack channel
+            log.exception("poison policy failed key=%r", self.key)
+
+    def _poisoned(self, entry: _Entry) -> bool:
+        """A suspect the policy judges poison: rejected for every member, never broadcast."""
+        mid = self._message_id(entry.payload)
+        if mid is None or mid not in self.suspects:
+            return False
+        policy = self.manager.poison_policy
+        assert policy is not None
+        try:
+            reason = policy.poisoned(self.key, mid)
+        except Exception:
+            log.exception("poison policy failed key=%r", self.key)
+            return False
+        if reason is None:
+            return False
+        n = entry.remaining
+        entry.rejected += n
+        self.stats.rejected += n
+        entry.reasons = [reason]
+        entry.remaining = 0
+        if entry.lane_q[0] is entry:
+            self._lane_ready(entry)
+        return True
+
+    def _suspects_resolved(self, batch: list[AdvanceItem]) -> None:
+        """Tell the policy which suspects the broker was just told to ack or reject."""
+        suspects = self.suspects
+        done = []
+        for payload, outcome in batch:
+            if outcome.failed or not (outcome.acked or outcome.rejected):
+                continue  # redelivered: its count goes on
+            mid = self._message_id(payload)
+            if mid is not None and mid in suspects:
+                done.append(mid)
+        policy = self.manager.poison_policy
+        if done and policy is not None:
+            try:
+                policy.resolved(self.key, done)
+            except Exception:
+                log.exception("poison policy failed key=%r", self.key)
 
     def _event_id(self, entry: _Entry) -> str:
         """The event's message id, else its payload's type and lane: for log lines.
@@ -551,6 +659,20 @@ class _Group:
                 log.warning("Shared stream group key=%r did not stop; abandoned", self.key)
             except (asyncio.CancelledError, Exception):
                 pass
+
+
+#: The suspects of a group without a poison policy: always empty.
+_NO_SUSPECTS: Mapping[str, object] = {}
+
+
+def _stuck_on(sub: _Subscriber, oldest: _Entry) -> bool:
+    """Whether an ack timeout belongs to ``oldest``: the filter sits on it (its window is
+    open) and nothing it yielded for it awaits the event store (a slow store is not the
+    message's fault)."""
+    if oldest is not sub.current or sub.rejected_current:
+        return False
+    binding = sub.binding
+    return binding is None or binding.pending == 0
 
 
 def _optional_hook(producer: SharedStreamProducer, name: str) -> Any:

@@ -18,6 +18,10 @@ FAILED: Final[int] = 1
 REJECTED: Final[int] = 2
 
 
+#: An entry's ``mid`` before the producer was asked for it.
+_UNASKED: Any = object()
+
+
 class _Entry:
     """One broadcast raw event in the ledger: counters only, never a set of subscribers."""
 
@@ -26,6 +30,7 @@ class _Entry:
         "failed",
         "lane",
         "lane_q",
+        "mid",
         "payload",
         "raw",
         "reasons",
@@ -47,6 +52,9 @@ class _Entry:
         self.failed = 0
         self.rejected = 0
         self.reasons: list[str] | None = None
+        # the producer's message_id() of the payload, asked once for every member
+        # that binds a yield to it (_UNASKED until then)
+        self.mid: str | None = _UNASKED
 
 
 # The fast path's entries belong to no lane: they are never advanced.

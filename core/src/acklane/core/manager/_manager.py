@@ -7,13 +7,14 @@ event once the event store confirms the trigger event persisted.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator, Hashable, Iterable, Mapping
 from typing import Any, Literal
 
 from ..trigger import BaseEventTrigger, TriggerEvent, current_window
 from ._common import aclose_iter, log
 from ._group import _Group
-from ._ledger import ACKED
+from ._ledger import _UNASKED, ACKED
 from ._settings import _check_settings, _stream_settings
 from ._subscriber import _Binding, _Subscriber
 from ._types import (
@@ -22,6 +23,7 @@ from ._types import (
     FailureObserver,
     GroupStats,
     LeaveObserver,
+    PoisonPolicy,
     _new_tuple,
 )
 
@@ -40,6 +42,7 @@ class SharedStreamManager:
         on_advance: AdvanceObserver | None = None,
         on_subscriber_failed: FailureObserver | None = None,
         on_subscriber_leaving: LeaveObserver | None = None,
+        poison_policy: PoisonPolicy | None = None,
     ) -> None:
         _check_limits(max_subscriber_queue, ack_timeout, overflow)
         #: Airflow's parameter (a bound logger), accepted so that code written for
@@ -55,6 +58,9 @@ class SharedStreamManager:
         self.on_advance = on_advance
         self.on_subscriber_failed = on_subscriber_failed
         self.on_subscriber_leaving = on_subscriber_leaving
+        #: acklane's addition: failures attributed to a message are counted, and a
+        #: message that failed too often is rejected before any subscriber sees it.
+        self.poison_policy = poison_policy
         self._groups: dict[Hashable, _Group] = {}
         self._subs: dict[tuple[str, Hashable], _Subscriber] = {}
         # trigger id -> [(key, subscriber)]: bind_event's lookup without hashing the key
@@ -62,6 +68,8 @@ class SharedStreamManager:
         self._bindings: dict[int, _Binding] = {}
         self._next_seq = 1
         self._closing: set[_Group] = set()
+        # wait_failed(): futures per key, resolved with the error of the key's next failure
+        self._failure_waiters: dict[Hashable, list[asyncio.Future[BaseException]]] = {}
 
     # -- subscribing
 
@@ -104,8 +112,9 @@ class SharedStreamManager:
         except BaseException as exc:
             # A filter that crashed or was cancelled mid-event is not done with it:
             # fail it out of what it holds (redelivered) instead of acking on leave.
+            # A crash (not a cancellation) is a failed attempt of the event it was on.
             if sub.failure is None and not group.frozen:
-                group.force_fail(sub, exc)
+                group.force_fail(sub, exc, sub.current if isinstance(exc, Exception) else None)
             raise
         finally:
             if not sub.closed and sub.failure is None and not group.frozen:
@@ -193,7 +202,8 @@ class SharedStreamManager:
         if sub is None:
             return
         if error is not None and sub.failure is None and not sub.group.frozen:
-            sub.group.force_fail(sub, error)
+            culprit = sub.current if isinstance(error, Exception) else None
+            sub.group.force_fail(sub, error, culprit)
         group = self._detach((trigger_id, key), sub)
         if group is not None:
             await self._finish(group)
@@ -238,18 +248,23 @@ class SharedStreamManager:
         group = sub.group
         if not group.acking:
             return None
-        message_id = group.message_id_of
-        try:
-            mid = message_id(entry.payload) if message_id is not None else None
-        except Exception as exc:  # only costs dedupe of this event, never the event
-            log.warning("message_id() failed key=%r: %r; stored without one", group.key, exc)
-            mid = None
+        mid = entry.mid
+        if mid is _UNASKED:  # once per raw event, whichever member binds to it first
+            message_id = group.message_id_of
+            try:
+                mid = message_id(entry.payload) if message_id is not None else None
+            except Exception as exc:  # only costs dedupe of this event, never the event
+                log.warning("message_id() failed key=%r: %r; stored without one", group.key, exc)
+                mid = None
+            entry.mid = mid
         binding = sub.binding
         if binding is None:
-            binding = sub.binding = _Binding(sub, entry)
-        binding.pending += 1
-        position = binding.count
-        binding.count = position + 1
+            binding = sub.binding = _Binding(sub, entry)  # pending and count 1: this yield
+            position = 0
+        else:
+            binding.pending += 1
+            position = binding.count
+            binding.count = position + 1
         seq = self._next_seq
         self._next_seq = seq + 1
         self._bindings[seq] = binding
@@ -297,6 +312,28 @@ class SharedStreamManager:
             sub_key = (sub.trigger_id, group.key)
             self._unregister(sub_key, sub)
         self._closing.add(group)
+        error = group.error if group.error is not None else RuntimeError("group failed")
+        for future in self._failure_waiters.pop(group.key, ()):
+            if not future.done():
+                future.set_result(error)
+
+    async def wait_failed(self, key: Hashable) -> BaseException:
+        """acklane's addition: wait until a group of ``key`` fails; return its error.
+
+        The live group, or the next one to start if none is live. A caller whose
+        subscriber may be stuck in its own code (never pulling again, so never seeing
+        the failure its iterator would raise) learns of the failure here.
+        """
+        future: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
+        waiters = self._failure_waiters.setdefault(key, [])
+        waiters.append(future)
+        try:
+            return await future
+        finally:
+            if future in waiters:
+                waiters.remove(future)
+                if not waiters and self._failure_waiters.get(key) is waiters:
+                    del self._failure_waiters[key]
 
     def group_stats(self) -> dict[Hashable, GroupStats]:
         """Counters of the live groups, by key."""

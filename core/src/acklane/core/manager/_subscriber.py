@@ -22,15 +22,18 @@ if TYPE_CHECKING:
 
 
 class _Binding:
-    """The trigger events one subscriber yielded while on one raw event."""
+    """The trigger events one subscriber yielded while on one raw event.
+
+    Made by the first yield bound to the raw event, so it starts with that one.
+    """
 
     __slots__ = ("count", "done", "entry", "moved", "pending", "sub")
 
     def __init__(self, sub: _Subscriber, entry: _Entry) -> None:
         self.sub = sub
         self.entry = entry
-        self.pending = 0  # bound, not yet confirmed persisted
-        self.count = 0  # bound in total (the next yield's position)
+        self.pending = 1  # bound, not yet confirmed persisted
+        self.count = 1  # bound in total (the next yield's position)
         self.moved = False  # the subscriber moved past the raw event
         self.done = False  # this subscriber's resolution of the entry is settled
 
@@ -198,6 +201,8 @@ class _Subscriber:
         stats = group.stats
         acking = group.acking
         loop = asyncio.get_running_loop()
+        window_get = current_window.get
+        window_set = current_window.set
         if acking:
             # once per subscription, in the filter's task (nothing per event, nothing at
             # all without Airflow): Airflow's reject finds this subscriber's window
@@ -206,30 +211,6 @@ class _Subscriber:
                 airflow_context.set(_AirflowWindow(self))
         try:
             while True:
-                entry = self.current
-                if entry is not None:
-                    binding = self.binding
-                    if (
-                        acking
-                        and not self.rejected_current
-                        and (binding is None or binding.pending == 0)
-                    ):
-                        # move_past() + resolve(entry, ACKED) inlined for the common cases
-                        # (this runs once per delivery): the filter yielded nothing for the
-                        # event, or every yield is already confirmed, so it is acked now.
-                        self.current = None
-                        if binding is not None:
-                            self.binding = None
-                            binding.moved = binding.done = True
-                        if not group.frozen:
-                            entry.acked += 1
-                            stats.acked += 1
-                            remaining = entry.remaining - 1
-                            entry.remaining = remaining
-                            if remaining == 0 and entry.lane_q[0] is entry:
-                                group._lane_ready(entry)
-                    else:
-                        self.move_past()
                 if self.failure is not None:
                     raise self.failure
                 if not queue:
@@ -248,7 +229,37 @@ class _Subscriber:
                 self.current = entry
                 if group.room_for is self and len(queue) <= group.low_water:
                     group.wake_poll()
-                current_window.set(self)
+                # set only when another window is current in this context: a set makes
+                # a new context mapping and a token (once per delivery otherwise)
+                if window_get() is not self:
+                    window_set(self)
                 yield entry.raw
+                # The filter asks for the next raw event: this one's window closes
+                # (unless the subscriber was failed or closed meanwhile, which did it).
+                if self.current is not entry:
+                    continue
+                binding = self.binding
+                if (
+                    acking
+                    and not self.rejected_current
+                    and (binding is None or binding.pending == 0)
+                ):
+                    # move_past() + resolve(entry, ACKED) inlined for the common cases
+                    # (this runs once per delivery): the filter yielded nothing for the
+                    # event, or every yield is already confirmed, so it is acked now.
+                    self.current = None
+                    if binding is not None:
+                        # every yield confirmed: nothing refers to it any more (the
+                        # manager forgot its seqs, it never was in awaiting)
+                        self.binding = None
+                    if not group.frozen:
+                        entry.acked += 1
+                        stats.acked += 1
+                        remaining = entry.remaining - 1
+                        entry.remaining = remaining
+                        if remaining == 0 and entry.lane_q[0] is entry:
+                            group._lane_ready(entry)
+                else:
+                    self.move_past()
         finally:
             self.waiter = None

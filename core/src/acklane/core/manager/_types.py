@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from ..producer import AdvanceItem
 
@@ -19,6 +19,42 @@ FailureObserver = Callable[[Hashable, str, BaseException], None]
 #: that is a failure (the runner, while its pipeline runs) fails the group here, so
 #: that nothing is advanced without the subscriber.
 LeaveObserver = Callable[[Hashable, str, str], None]
+
+
+class PoisonPolicy(Protocol):
+    """acklane's addition: counts failures per message and judges redeliveries.
+
+    The manager calls it (when given one, in ack mode only) at three moments, all
+    synchronously on the event loop:
+
+    - :meth:`failed` when a subscriber is force-failed for a reason that belongs to
+      the raw event it was on (its filter raised there, or it sat on it past the ack
+      timeout), with that event's message id;
+    - :meth:`poisoned` when a raw event whose message id is in :meth:`suspects`
+      is pulled: a reason means "do not broadcast it: reject it for every member
+      with that reason" (the producer dead-letters it);
+    - :meth:`resolved` after ``advance`` handed the broker suspects that every
+      member acked or rejected.
+
+    :meth:`suspects` is read once per group: a live mapping (the policy keeps it up
+    to date), so the poll checks nothing per raw event while it is empty.
+    """
+
+    def suspects(self, key: Hashable) -> Mapping[str, object]:
+        """Message ids of ``key`` with failed attempts on record (a live mapping)."""
+        ...
+
+    def poisoned(self, key: Hashable, message_id: str) -> str | None:
+        """Why the suspect ``message_id`` must be dead-lettered now, or None."""
+        ...
+
+    def failed(self, key: Hashable, trigger_id: str, message_id: str, error: BaseException) -> None:
+        """``trigger_id`` failed on ``message_id`` with ``error``."""
+        ...
+
+    def resolved(self, key: Hashable, message_ids: Sequence[str]) -> None:
+        """Suspects advanced as acked or rejected: their books may close."""
+        ...
 
 
 class BoundEvent(NamedTuple):

@@ -237,6 +237,11 @@ class StateBackend(ABC):
             try:
                 report = await self.agc()
             except Exception:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    # cancelled inside a database call, which turned the cancellation
+                    # into a driver error: stop, do not sleep a whole period
+                    raise asyncio.CancelledError from None
                 log.exception("state store garbage collection failed; next try in %.0f s", period)
             else:
                 if report.task_keys or report.asset_keys or report.orphan_files:

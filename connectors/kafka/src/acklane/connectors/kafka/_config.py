@@ -15,6 +15,8 @@ from pydantic import (
     model_validator,
 )
 
+from acklane.core.poison import DEFAULT_MAX_ATTEMPTS, MaxAttempts
+
 __all__ = ["ClientValue", "KafkaConfig"]
 
 ClientValue = bool | int | str
@@ -112,6 +114,11 @@ class KafkaConfig(BaseModel):
     )
     dlq_flush_timeout: float = Field(
         default=30.0, gt=0, description="seconds to wait for the DLQ broker to confirm copies"
+    )
+    max_attempts: MaxAttempts = Field(
+        default=DEFAULT_MAX_ATTEMPTS,
+        description="failed attempts (a filter raised, an ack timeout) after which a "
+        "redelivered message is dead-lettered instead of given to the watchers again",
     )
 
     # -- security (passed through to librdkafka)

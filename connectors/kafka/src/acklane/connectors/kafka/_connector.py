@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 
-from acklane.core.connectors import Connector
+from acklane.core.connectors import Connector, Publisher
 
+from ._check import check_connection, offline_problems
 from ._config import KafkaConfig
 from ._producer import KafkaStreamProducer
+from ._publish import KafkaPublisher, publish_topic
 
 __all__ = ["KafkaConnector"]
 
@@ -29,3 +31,15 @@ class KafkaConnector(Connector[KafkaConfig]):
     @classmethod
     def description(cls, config: KafkaConfig) -> str:
         return config.describe()
+
+    @classmethod
+    def publisher(cls, config: KafkaConfig, *, destination: str | None = None) -> Publisher:
+        return KafkaPublisher(config, publish_topic(config, destination))
+
+    @classmethod
+    def offline_problems(cls, config: KafkaConfig) -> Sequence[tuple[str, str]]:
+        return offline_problems(config)
+
+    @classmethod
+    async def check_connection(cls, config: KafkaConfig, *, call_timeout: float) -> str:
+        return await check_connection(config, call_timeout)

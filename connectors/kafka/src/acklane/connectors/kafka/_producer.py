@@ -9,8 +9,11 @@ floors, last commits) are touched only on that thread, so they need no lock.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import logging
+import operator
+import threading
 from collections.abc import (
     AsyncGenerator,
     AsyncIterator,
@@ -52,9 +55,15 @@ from acklane.core.deadletter import (
     outcome_reason,
 )
 from acklane.core.errors import ConnectorError
-from acklane.core.producer import AdvanceItem, SharedStreamProducer, reject_reasons_of
+from acklane.core.producer import (
+    AdvanceItem,
+    LaneBatch,
+    SharedStreamProducer,
+    reject_reasons_of,
+)
 
 from ._config import KafkaConfig
+from ._health import AUTH_CODES, ClientHealth, QuietClientLog, auth_error
 from ._message import KafkaDelivery, KafkaMessage, id_prefix
 
 __all__ = [
@@ -67,12 +76,14 @@ __all__ = [
 ]
 
 log = logging.getLogger("acklane.connectors.kafka")
-_client_log = logging.getLogger("acklane.connectors.kafka.librdkafka")
+_client_log = QuietClientLog(logging.getLogger("acklane.connectors.kafka.librdkafka"))
 
 T = TypeVar("T")
 TP = tuple[str, int]
 # (seek epoch at fetch time, the records fetched)
 Fetched = tuple[int, list[KafkaMessage]]
+# ... and where each run of records of one partition starts among them
+FetchedRuns = tuple[int, list[KafkaMessage], list[int]]
 
 #: The most bytes of the group name an ``acklane.origin.group`` header carries.
 DLQ_GROUP_MAX_BYTES = 255
@@ -103,8 +114,8 @@ _REBALANCING = frozenset(
         KafkaError._STATE,
     }
 )
-# Client errors after which this consumer cannot be trusted to make progress.
-_FAILING = frozenset({KafkaError._AUTHENTICATION, KafkaError._ALL_BROKERS_DOWN, KafkaError._SSL})
+# Seconds between two looks at a pending metadata request (a close, a refusal).
+_METADATA_SLICE = 0.2
 # A record (or its batch) over a size limit, from produce() or the broker.
 _TOO_LARGE = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE})
 
@@ -147,6 +158,20 @@ def _stale(record: KafkaMessage, epoch: int, sought: dict[TP, tuple[int, int]]) 
     """Fetched before its partition was sought back to an offset at or before it."""
     seek = sought.get(record.lane)
     return seek is not None and seek[0] > epoch and record.offset >= seek[1]
+
+
+_outcome_of = operator.attrgetter("outcome")
+
+
+def _all_clean(batch: Sequence[AdvanceItem]) -> bool:
+    """Whether every item's outcome ``is_clean``, asking each distinct outcome once.
+
+    An engine shares one outcome object among events resolved alike (acklane's
+    does), so a batch holds few: the pass over the batch is made in C.
+    """
+    outcomes = list(map(_outcome_of, batch))
+    distinct = dict(zip(map(id, outcomes), outcomes, strict=True))
+    return all(outcome.is_clean for outcome in distinct.values())
 
 
 def _names(tps: Any) -> str:
@@ -210,6 +235,10 @@ class KafkaStreamProducer(SharedStreamProducer):
         self._paused_parts: set[TP] = set()
         self._deferred_seeks: dict[TP, int] = {}
         self._failure: KafkaError | None = None
+        # Connection state changes, told once each (consumer thread); aclose sets
+        # _closing so that a connect waiting for an unreachable cluster ends now.
+        self._health = ClientHealth(config.describe(), config.bootstrap_servers)
+        self._closing = threading.Event()
         # Written on the consumer thread, read on the loop while a batch is handed out:
         # partition -> (seek epoch, offset) of its latest seek back to a held record.
         self._seek_epoch = 0
@@ -225,15 +254,17 @@ class KafkaStreamProducer(SharedStreamProducer):
         batches = self.open_batches()
         try:
             async for batch in batches:
-                for pair in batch:
+                for pair in batch.pairs:
                     yield pair
         finally:
             await batches.aclose()
 
-    async def open_batches(self) -> AsyncGenerator[Iterable[tuple[KafkaMessage, KafkaDelivery]]]:
+    async def open_batches(self) -> AsyncGenerator[LaneBatch]:
         """Join the consumer group and yield its records, batch by batch, forever.
 
-        Each record is both the filters' raw event and the broker payload.
+        Each record is both the filters' raw event and the broker payload. A batch is
+        a run of records of one partition (a fetch holds runs of each partition), so
+        the engine looks the lane up once per run.
         """
         if self._opened:
             raise RuntimeError(f"{self.config.describe()}: open_stream() may be called only once")
@@ -247,27 +278,31 @@ class KafkaStreamProducer(SharedStreamProducer):
         cfg = self.config
         # The next batch is fetched on the consumer thread while this one is handed
         # out; at most one fetch is ahead, and only if there is room.
-        ahead: asyncio.Future[Fetched] | None = None
+        ahead: asyncio.Future[FetchedRuns] | None = None
         try:
             while True:
                 if ahead is None:
                     room = cfg.max_outstanding - self._outstanding
                     if room > 0:
-                        ahead = self._submit(self._fetch, min(room, cfg.batch_size), False)
+                        ahead = self._submit(self._fetch_runs, min(room, cfg.batch_size), False)
                     elif await self._wait_for_room():
                         continue
                     else:
                         # Still full: pause fetching, but keep polling so that rebalances
                         # and max.poll.interval.ms are served while the watchers catch up.
-                        ahead = self._submit(self._fetch, 1, True)
-                epoch, batch = await ahead
+                        ahead = self._submit(self._fetch_runs, 1, True)
+                epoch, batch, starts = await ahead
                 ahead = None
                 if not batch:
                     continue
                 room = cfg.max_outstanding - self._outstanding - len(batch)
                 if room > 0:
-                    ahead = self._submit(self._fetch, min(room, cfg.batch_size), False)
-                yield self._hand_out(batch, epoch)
+                    ahead = self._submit(self._fetch_runs, min(room, cfg.batch_size), False)
+                ends = starts[1:]
+                ends.append(len(batch))
+                for start, end in zip(starts, ends, strict=True):
+                    run = batch[start:end]
+                    yield LaneBatch(run[0].lane, self._hand_out(run, epoch))
         finally:
             if ahead is not None:
                 ahead.cancel()  # its records were not handed out: they are redelivered
@@ -313,6 +348,7 @@ class KafkaStreamProducer(SharedStreamProducer):
         if self._closed:
             return
         self._closed = True
+        self._closing.set()  # a connect still waiting for the cluster gives up now
         executor = self._executor
         if executor is None:
             return
@@ -363,6 +399,7 @@ class KafkaStreamProducer(SharedStreamProducer):
             ) from exc
         self._consumer = consumer
         admin = self.config.admin_settings()
+        admin["error_cb"] = self._on_client_error
         admin["logger"] = _client_log
         self._admin = AdminClient(admin)
         self._cluster_id = self._read_cluster_id()
@@ -386,13 +423,7 @@ class KafkaStreamProducer(SharedStreamProducer):
         ``cluster_id()`` can miss the metadata it waits for and sleep a second, and
         ``list_topics()`` lists every topic of the cluster.
         """
-        try:
-            future = self._admin.describe_cluster(request_timeout=_METADATA_TIMEOUT)
-            cluster: str | None = future.result(timeout=_METADATA_TIMEOUT + 5).cluster_id
-        except Exception as exc:
-            raise KafkaReceiveError(
-                f"cannot read the cluster id of {self.config.describe()}: {exc}"
-            ) from exc
+        cluster = self._wait_for_cluster()
         if cluster:
             return cluster
         servers = ",".join(sorted(self.config.bootstrap_servers.split(",")))
@@ -403,6 +434,54 @@ class KafkaStreamProducer(SharedStreamProducer):
             servers,
         )
         return servers
+
+    def _wait_for_cluster(self) -> str | None:
+        """The cluster id, waiting as long as the brokers do not answer.
+
+        An unreachable cluster is no reason to fail (and restart) the group: the wait
+        goes on, told once (``ClientHealth``), until the brokers answer, the producer
+        closes, or they refuse the credentials (``BrokerAuthError``, raised).
+        """
+        admin = self._admin
+        while True:
+            future = admin.describe_cluster(request_timeout=_METADATA_TIMEOUT)
+            while not future.done():
+                admin.poll(0)  # serves error_cb: the unreachable state, a refusal
+                self._consumer.poll(0)  # the consumer's own connection errors
+                self._raise_if_refused("reading the cluster metadata")
+                if self._closing.is_set():
+                    future.cancel()
+                    raise KafkaReceiveError(f"{self.config.describe()}: closed while connecting")
+                try:
+                    future.result(timeout=_METADATA_SLICE)
+                except concurrent.futures.TimeoutError:
+                    continue
+                except Exception:
+                    break
+            self._raise_if_refused("reading the cluster metadata")
+            try:
+                cluster: str | None = future.result(timeout=0).cluster_id
+            except KafkaException as exc:
+                error = exc.args[0] if exc.args else None
+                if isinstance(error, KafkaError) and error.code() in AUTH_CODES:
+                    raise auth_error(error, "reading the cluster metadata") from None
+                if isinstance(error, KafkaError) and error.code() == KafkaError._TIMED_OUT:
+                    self._health.on_error(error)  # unreachable: told once, keep waiting
+                    continue
+                raise KafkaReceiveError(
+                    f"cannot read the cluster id of {self.config.describe()}: {exc}"
+                ) from exc
+            except Exception as exc:
+                raise KafkaReceiveError(
+                    f"cannot read the cluster id of {self.config.describe()}: {exc}"
+                ) from exc
+            self._health.alive()
+            return cluster
+
+    def _raise_if_refused(self, where: str) -> None:
+        refused = self._health.refused
+        if refused is not None:
+            raise auth_error(refused, where)
 
     def _topic_ids(self, topics: set[str]) -> dict[str, str]:
         """The ids of ``topics`` that the broker gives (KIP-516, Kafka 2.8+), by name."""
@@ -501,13 +580,16 @@ class KafkaStreamProducer(SharedStreamProducer):
                     )
 
     def _on_client_error(self, error: KafkaError) -> None:
-        if (error.fatal() or error.code() in _FAILING) and self._failure is None:
+        # Logged once per state change (ClientHealth); a refusal is raised by the
+        # consumer thread; a fatal error fails the group (a new client starts over).
+        if error.fatal() and self._failure is None and error.code() not in AUTH_CODES:
             self._failure = error
-        log.warning("Kafka client error group=%s: %s", self.config.group_id, error.str())
+        self._health.on_error(error)
 
     def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
         # Once per assignment, not per record: a topic deleted and recreated under the
         # same name comes back with a new id (and a rebalance).
+        self._health.alive()
         topic_ids = self._topic_ids({p.topic for p in partitions})
         cluster = self._cluster_id
         for p in partitions:
@@ -578,6 +660,11 @@ class KafkaStreamProducer(SharedStreamProducer):
 
     def _fetch(self, want: int, pause: bool) -> Fetched:
         """Up to ``want`` records, with the seek epoch they were fetched in."""
+        epoch, out, _ = self._fetch_runs(want, pause)
+        return epoch, out
+
+    def _fetch_runs(self, want: int, pause: bool) -> FetchedRuns:
+        """:meth:`_fetch`, and where each run of records of one partition starts."""
         consumer = self._consumer
         if pause != self._paused:
             self._set_paused(pause)
@@ -591,13 +678,19 @@ class KafkaStreamProducer(SharedStreamProducer):
             messages = consumer.consume(num_messages=1, timeout=self.config.poll_timeout)
             if messages and want > 1:
                 messages += consumer.consume(num_messages=want - 1, timeout=0)
-        if self._failure is not None:
+        if self._failure is not None or self._health.refused is not None:
+            self._raise_if_refused("consuming")
+            assert self._failure is not None
             raise KafkaReceiveError(
                 f"Kafka client failed for {self.config.describe()}: {self._failure.str()}"
             )
+        if messages and self._health.unreachable is not None:
+            self._health.alive()
         if self._paused:
             self._pause_new_partitions()  # assigned during this consume
         out: list[KafkaMessage] = []
+        starts: list[int] = []
+        books: tuple[int, str] | None = None  # the last record's partition's, by identity
         fetching = self._fetching
         awaiting = self._ledger.awaiting
         record = KafkaMessage
@@ -606,6 +699,8 @@ class KafkaStreamProducer(SharedStreamProducer):
             if error is not None:
                 if error.code() == KafkaError._PARTITION_EOF:
                     continue
+                if error.code() in AUTH_CODES:
+                    raise auth_error(error, f"consuming {m.topic()}[{m.partition()}]")
                 raise KafkaReceiveError(
                     f"consuming {self.config.describe()} failed on "
                     f"{m.topic()}[{m.partition()}]: {error.str()}"
@@ -617,11 +712,14 @@ class KafkaStreamProducer(SharedStreamProducer):
             offset = m.offset()
             if awaiting:
                 self._check_floor_came_back(tp, offset)
+            if lane is not books:  # another partition's run starts here
+                starts.append(len(out))
+                books = lane
             out.append(record(m, lane[0], tp, offset, lane[1]))
         if self._unanchored and out:
             self._anchor(out)
         self.stats.delivered += len(out)
-        return epoch, out
+        return epoch, out, starts
 
     def _anchor(self, fetched: list[KafkaMessage]) -> None:
         """Under ``latest``: commit where each newly assigned partition starts, before its
@@ -715,7 +813,7 @@ class KafkaStreamProducer(SharedStreamProducer):
             lane == last.lane
             and first.generation == last.generation
             and self._ledger.is_clear(lane, first.generation, last.offset)
-            and all(item.outcome.is_clean for item in batch)
+            and _all_clean(batch)
         )
 
     @staticmethod
@@ -841,6 +939,8 @@ class KafkaStreamProducer(SharedStreamProducer):
             if isinstance(error, KafkaError) and error.code() in _REBALANCING:
                 self._skip_commit(offsets, error.str())
                 return
+            if isinstance(error, KafkaError) and error.code() in AUTH_CODES:
+                raise auth_error(error, "committing offsets") from exc
             raise KafkaAdvanceError(
                 f"commit of {_names(_tp(o) for o in offsets)} for {self.config.describe()} "
                 f"failed: {exc}"
@@ -856,6 +956,8 @@ class KafkaStreamProducer(SharedStreamProducer):
                 )
             self._ledger.committed_to(_tp(tp), tp.offset)
         self.stats.committed += 1
+        if self._health.unreachable is not None:
+            self._health.alive()
 
     def _skip_commit(self, offsets: list[TopicPartition], why: str) -> None:
         self.stats.commit_skipped += 1

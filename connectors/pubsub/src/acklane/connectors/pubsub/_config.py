@@ -9,6 +9,8 @@ from typing import Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from acklane.core.poison import DEFAULT_MAX_ATTEMPTS, MaxAttempts
+
 __all__ = ["MAX_ACK_DEADLINE", "PubSubConfig", "RedeliveryBackoff"]
 
 #: The service's longest ack deadline (and ``ModifyAckDeadline``), in seconds.
@@ -94,6 +96,9 @@ class PubSubConfig(BaseModel):
     #: them over without a redelivery (0 to 600; 0, or up to the 5 s a take-over
     #: needs left, nacks them at once).
     restart_lease_hold: float = Field(default=60, ge=0, le=MAX_ACK_DEADLINE)
+    #: Failed attempts (a filter raised, an ack timeout) after which a redelivered
+    #: message is dead-lettered instead of given to the watchers again.
+    max_attempts: MaxAttempts = DEFAULT_MAX_ATTEMPTS
 
     @field_validator(
         "project", "dead_letter_topic", "credentials_file", "emulator_host", "endpoint",

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 
-from acklane.core.connectors import Connector
+from acklane.core.connectors import Connector, Publisher
 
+from ._check import check_connection, offline_problems
 from ._config import PubSubConfig
 from ._producer import PubSubStreamProducer
+from ._publish import PubSubPublisher
 
 __all__ = ["PubSubConnector"]
 
@@ -29,3 +31,15 @@ class PubSubConnector(Connector[PubSubConfig]):
     @classmethod
     def description(cls, config: PubSubConfig) -> str:
         return config.describe()
+
+    @classmethod
+    def publisher(cls, config: PubSubConfig, *, destination: str | None = None) -> Publisher:
+        return PubSubPublisher(config, destination)
+
+    @classmethod
+    def offline_problems(cls, config: PubSubConfig) -> Sequence[tuple[str, str]]:
+        return offline_problems(config)
+
+    @classmethod
+    async def check_connection(cls, config: PubSubConfig, *, call_timeout: float) -> str:
+        return await check_connection(config, call_timeout)

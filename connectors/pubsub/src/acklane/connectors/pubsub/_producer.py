@@ -29,8 +29,16 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Hashable, Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Hashable,
+    Iterable,
+    Mapping,
+    Sequence,
+)
+from typing import Any, TypeVar
 
 from acklane.core.connectors import Action, Verdict, verdict
 from acklane.core.deadletter import (
@@ -44,6 +52,8 @@ from acklane.core.deadletter import (
 from acklane.core.errors import ConnectorError
 from acklane.core.producer import AdvanceItem, AdvanceOutcome, SharedStreamProducer
 
+from ._check import auth_error, is_unreachable
+from ._client import make_client
 from ._config import PubSubConfig
 from ._message import PubSubDelivery, PubSubMessage
 
@@ -68,6 +78,11 @@ DEAD_LETTER_ATTRIBUTES = (
 )
 #: Ack ids per Acknowledge / ModifyAckDeadline request.
 _ACK_CHUNK = 1000
+_T = TypeVar("_T")
+#: Seconds the subscription read at start waits for one answer (then tried again).
+_START_TIMEOUT = 30.0
+#: The longest pause between two tries at an unreachable endpoint (seconds).
+_UNREACHABLE_MAX_PAUSE = 30.0
 #: Pub/Sub's limit of attributes per message.
 _MAX_ATTRIBUTES = 100
 #: Assumed when the subscription cannot be read: the service's shortest ack deadline.
@@ -130,6 +145,9 @@ class PubSubStreamProducer(SharedStreamProducer):
         self._lot_key: tuple[Hashable, ...] = tuple(config.stream_key())
         #: Ack ids pulled but not yet handed out by ``open_stream`` (the rest of a batch).
         self._unyielded: set[str] = set()
+        # The endpoint stopped answering at (monotonic), told once; the next pause.
+        self._unreachable_since: float | None = None
+        self._unreachable_pause = 1.0
 
     # ------------------------------------------------------------------ start
 
@@ -139,9 +157,15 @@ class PubSubStreamProducer(SharedStreamProducer):
         self._started = True
         self._client = self._make_client("subscriber")
         try:
-            self.api_calls += 1
-            sub = await self._client.get_subscription(subscription=self.subscription)
+            sub = await self._until_reachable(
+                lambda: self._client.get_subscription(
+                    subscription=self.subscription, retry=None, timeout=_START_TIMEOUT
+                )
+            )
         except Exception as exc:
+            refused = auth_error(exc, f"reading subscription {self.subscription}")
+            if refused is not None and _code(exc) != "PERMISSION_DENIED":
+                raise refused from exc
             if _code(exc) == "NOT_FOUND":
                 raise PubSubConnectorError(
                     f"Pub/Sub subscription {self.subscription} does not exist"
@@ -180,36 +204,7 @@ class PubSubStreamProducer(SharedStreamProducer):
         self._flusher_task = asyncio.create_task(self._flusher())
 
     def _make_client(self, kind: str) -> Any:
-        from google.api_core.client_options import ClientOptions
-
-        config = self.config
-        if kind == "subscriber":
-            from google.pubsub_v1 import SubscriberAsyncClient as client_class
-            from google.pubsub_v1.services.subscriber.transports import (
-                SubscriberGrpcAsyncIOTransport as transport_class,
-            )
-        else:
-            from google.pubsub_v1 import PublisherAsyncClient as client_class  # type: ignore[assignment]
-            from google.pubsub_v1.services.publisher.transports import (  # type: ignore[assignment]
-                PublisherGrpcAsyncIOTransport as transport_class,
-            )
-        if config.emulator_host is not None:
-            import grpc
-
-            channel = grpc.aio.insecure_channel(config.emulator_host)
-            return client_class(transport=transport_class(channel=channel))
-        options = dict(config.client_options)
-        if config.endpoint is not None:
-            options["api_endpoint"] = config.endpoint
-        credentials = None
-        if config.credentials_file is not None:
-            from google.oauth2 import service_account
-
-            credentials = service_account.Credentials.from_service_account_file(  # type: ignore[no-untyped-call]
-                config.credentials_file,
-                scopes=["https://www.googleapis.com/auth/pubsub"],
-            )
-        return client_class(credentials=credentials, client_options=ClientOptions(**options))
+        return make_client(self.config, "subscriber" if kind == "subscriber" else "publisher")
 
     def _heartbeat_interval(self) -> float:
         shortest = min(self.subscription_deadline, self.config.ack_deadline)
@@ -251,7 +246,17 @@ class PubSubStreamProducer(SharedStreamProducer):
                             await self._room.wait()
                     self._room.clear()
                 continue
-            batch = await self._pull(min(self.config.max_messages, room))
+            try:
+                batch = await self._pull(min(self.config.max_messages, room))
+            except Exception as exc:
+                refused = auth_error(exc, f"pulling from {self.subscription}")
+                if refused is not None:
+                    raise refused from exc
+                if not is_unreachable(exc):
+                    raise
+                await self._wait_unreachable(exc)  # told once; the stream goes on
+                continue
+            self._tell_reachable()
             if not batch:
                 empty += 1
                 await asyncio.sleep(min(0.02 * 2**empty, 0.5))
@@ -265,7 +270,9 @@ class PubSubStreamProducer(SharedStreamProducer):
         sent_at = time.monotonic()
         self.api_calls += 1
         task = asyncio.ensure_future(
-            self._client.pull(subscription=self.subscription, max_messages=max_messages)
+            # no client-side retry: an endpoint that does not answer is told (once) and
+            # retried by _batches, not silently for a minute
+            self._client.pull(subscription=self.subscription, max_messages=max_messages, retry=None)
         )
         self._pull_task = task
         # Shielded: a stop that cuts the poll here leaves the pull to finish, and aclose
@@ -624,6 +631,45 @@ class PubSubStreamProducer(SharedStreamProducer):
     def _raise_failure(self) -> None:
         if self._failure is not None:
             raise self._failure
+
+    async def _until_reachable(self, call: Callable[[], Awaitable[_T]]) -> _T:
+        """``call()`` again and again while the endpoint does not answer (told once)."""
+        while True:
+            self.api_calls += 1
+            try:
+                result = await call()
+            except Exception as exc:
+                if not is_unreachable(exc):
+                    raise
+                await self._wait_unreachable(exc)
+                continue
+            self._tell_reachable()
+            return result
+
+    async def _wait_unreachable(self, exc: BaseException) -> None:
+        """The endpoint did not answer: tell it once (not per attempt), pause, go on."""
+        if self._unreachable_since is None:
+            self._unreachable_since = time.monotonic()
+            self._unreachable_pause = 1.0
+            log.warning(
+                "%s: Pub/Sub endpoint unreachable (%s: %s); retrying until it answers",
+                self.config.describe(),
+                _code(exc),
+                " ".join(str(getattr(exc, "message", None) or exc).split()),
+            )
+        else:
+            log.debug("%s: Pub/Sub endpoint still unreachable: %s", self.config.describe(), exc)
+        await asyncio.sleep(self._unreachable_pause)
+        self._unreachable_pause = min(self._unreachable_pause * 2, _UNREACHABLE_MAX_PAUSE)
+
+    def _tell_reachable(self) -> None:
+        if self._unreachable_since is not None:
+            log.info(
+                "%s: Pub/Sub endpoint reachable again after %.0fs",
+                self.config.describe(),
+                time.monotonic() - self._unreachable_since,
+            )
+            self._unreachable_since = None
 
 
 def _code(exc: BaseException) -> str:

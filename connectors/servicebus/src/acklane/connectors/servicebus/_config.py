@@ -8,6 +8,8 @@ from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
+from acklane.core.poison import DEFAULT_MAX_ATTEMPTS, MaxAttempts
+
 __all__ = ["ServiceBusConfig", "namespace_of"]
 
 _ENDPOINT = re.compile(r"(?:^|;)\s*Endpoint\s*=\s*sb://([^/;]+)", re.IGNORECASE)
@@ -61,6 +63,9 @@ class ServiceBusConfig(BaseModel):
     renew_interval: float | None = Field(default=None, gt=0)
     #: Passed to ``ServiceBusClient`` as keyword arguments (``retry_total``, ...).
     client_options: dict[str, Any] = Field(default_factory=dict)
+    #: Failed attempts (a filter raised, an ack timeout) after which a redelivered
+    #: message is dead-lettered instead of given to the watchers again.
+    max_attempts: MaxAttempts = DEFAULT_MAX_ATTEMPTS
 
     @field_validator("connection_string", "fully_qualified_namespace", mode="before")
     @classmethod

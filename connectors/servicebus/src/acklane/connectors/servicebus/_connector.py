@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 
-from acklane.core.connectors import Connector
+from acklane.core.connectors import Connector, Publisher, PublishError
 
+from ._check import check_connection
 from ._config import ServiceBusConfig
 from ._producer import ServiceBusStreamProducer
+from ._publish import ServiceBusPublisher
 
 __all__ = ["ServiceBusConnector"]
 
@@ -29,3 +31,18 @@ class ServiceBusConnector(Connector[ServiceBusConfig]):
     @classmethod
     def description(cls, config: ServiceBusConfig) -> str:
         return config.describe()
+
+    @classmethod
+    def publisher(cls, config: ServiceBusConfig, *, destination: str | None = None) -> Publisher:
+        if destination is not None:
+            raise PublishError("a Service Bus stream reads one entity: it takes no --topic")
+        return ServiceBusPublisher(config)
+
+    @classmethod
+    async def check_connection(cls, config: ServiceBusConfig, *, call_timeout: float) -> str:
+        # no retries: one answer, or why not, within the call_timeout
+        once = config.model_copy(
+            update={"client_options": {**config.client_options, "retry_total": 0}}
+        )
+        client = ServiceBusStreamProducer(once)._make_client()
+        return await check_connection(config, call_timeout, client)

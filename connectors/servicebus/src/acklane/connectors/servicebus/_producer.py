@@ -23,10 +23,11 @@ from azure.servicebus.exceptions import (
 
 from acklane.core.connectors import Action, Verdict, verdict
 from acklane.core.deadletter import bounded_text, outcome_reason
-from acklane.core.errors import ConnectorError
+from acklane.core.errors import BrokerAuthError, ConnectorError
 from acklane.core.message import RawMessage
 from acklane.core.producer import AdvanceItem, SharedStreamProducer
 
+from ._check import UNREACHABLE, auth_error
 from ._config import ServiceBusConfig
 
 __all__ = ["ServiceBusDelivery", "ServiceBusRecord", "ServiceBusStreamProducer"]
@@ -36,6 +37,8 @@ log = logging.getLogger("acklane.connectors.servicebus")
 #: Service Bus limits a DeadLetterErrorDescription to 4096 characters; keep well under.
 _DESCRIPTION_MAX_BYTES = 1024
 _LOCK_LOST = (MessageLockLostError, SessionLockLostError)
+#: The longest pause between two tries at an unreachable namespace (seconds).
+_UNREACHABLE_MAX_PAUSE = 30.0
 #: Settlements sent at once (concurrently) by one flush pass.
 _SETTLE_CONCURRENCY = 64
 #: Queued settlements past which ``advance`` waits for a flush (back-pressure).
@@ -145,6 +148,9 @@ class ServiceBusStreamProducer(SharedStreamProducer):
         self._failure: BaseException | None = None
         self._opened = False
         self._closed = False
+        # The namespace stopped answering at (monotonic), told once; the next pause.
+        self._unreachable_since: float | None = None
+        self._unreachable_pause = 1.0
 
     # ------------------------------------------------------------------ stream
 
@@ -202,19 +208,63 @@ class ServiceBusStreamProducer(SharedStreamProducer):
         try:
             if self.config.sessions:
                 while True:
-                    await self._one_session()
+                    try:
+                        await self._one_session()
+                    except UNREACHABLE as exc:
+                        await self._wait_unreachable(exc)
+                        continue
+                    self._tell_reachable()
             else:
                 # Closed by aclose, after its last settlements: not when this task ends.
                 receiver = self._receiver(session=False)
                 self._receivers.add(receiver)
-                await receiver.__aenter__()
                 while True:
-                    await self._receive_batch(receiver, None)
+                    try:
+                        await receiver.__aenter__()
+                        break
+                    except UNREACHABLE as exc:
+                        await self._wait_unreachable(exc)
+                while True:
+                    try:
+                        await self._receive_batch(receiver, None)
+                    except UNREACHABLE as exc:
+                        # not the group's failure: the namespace comes back, the SDK
+                        # reconnects on the next receive
+                        await self._wait_unreachable(exc)
+                        continue
+                    self._tell_reachable()
         except asyncio.CancelledError:
             raise
         except BaseException as exc:
-            log.error("%s: receive failed: %r; the group will fail", self.config.describe(), exc)
+            refused = auth_error(exc, f"receiving from {self.config.entity}")
+            if refused is not None:
+                refused.__cause__ = exc
+                exc = refused  # the runner stops on it, with one line
             self._fail(exc)
+
+    async def _wait_unreachable(self, exc: BaseException) -> None:
+        """The namespace did not answer: tell it once (not per attempt), pause, go on."""
+        if self._unreachable_since is None:
+            self._unreachable_since = time.monotonic()
+            self._unreachable_pause = 1.0
+            log.warning(
+                "%s: Service Bus namespace unreachable (%s); retrying until it answers",
+                self.config.describe(),
+                " ".join(str(exc).split()),
+            )
+        else:
+            log.debug("%s: still unreachable: %s", self.config.describe(), exc)
+        await asyncio.sleep(self._unreachable_pause)
+        self._unreachable_pause = min(self._unreachable_pause * 2, _UNREACHABLE_MAX_PAUSE)
+
+    def _tell_reachable(self) -> None:
+        if self._unreachable_since is not None:
+            log.info(
+                "%s: Service Bus namespace reachable again after %.0fs",
+                self.config.describe(),
+                time.monotonic() - self._unreachable_since,
+            )
+            self._unreachable_since = None
 
     async def _one_session(self) -> None:
         receiver = self._receiver(session=True)
@@ -504,7 +554,10 @@ class ServiceBusStreamProducer(SharedStreamProducer):
         """Fail the group: at the next advance, and at the stream's next receive."""
         if self._failure is None:
             self._failure = exc
-            log.error("%s: %r; the group will fail", self.config.describe(), exc)
+            if isinstance(exc, BrokerAuthError):  # the runner tells it, and stops
+                log.debug("%s: %r; the group will fail", self.config.describe(), exc)
+            else:
+                log.error("%s: %r; the group will fail", self.config.describe(), exc)
             self._queue.put_nowait(exc)
 
     def _raise_failure(self) -> None:

@@ -16,6 +16,8 @@ from pydantic import (
     model_validator,
 )
 
+from acklane.core.poison import DEFAULT_MAX_ATTEMPTS, MaxAttempts
+
 __all__ = [
     "MAX_VISIBILITY_TIMEOUT",
     "HeartbeatSettings",
@@ -140,6 +142,9 @@ class SqsConfig(BaseModel):
     #: without a new receive (which would raise their receive count). 0 releases
     #: them at once (so does a hold too short for a take-over, 5 seconds or less).
     restart_lease_hold: int = Field(default=60, ge=0, le=MAX_VISIBILITY_TIMEOUT)
+    #: Failed attempts (a filter raised, an ack timeout) after which a redelivered
+    #: message is dead-lettered instead of given to the watchers again.
+    max_attempts: MaxAttempts = DEFAULT_MAX_ATTEMPTS
 
     @field_validator(
         "region",

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 
-from acklane.core.connectors import Connector
+from acklane.core.connectors import Connector, Publisher, PublishError
 
+from ._check import check_connection
 from ._config import SqsConfig
 from ._producer import SqsStreamProducer
+from ._publish import SqsPublisher
 
 __all__ = ["SqsConnector"]
 
@@ -29,3 +31,13 @@ class SqsConnector(Connector[SqsConfig]):
     @classmethod
     def description(cls, config: SqsConfig) -> str:
         return config.describe()
+
+    @classmethod
+    def publisher(cls, config: SqsConfig, *, destination: str | None = None) -> Publisher:
+        if destination is not None:
+            raise PublishError("an SQS stream reads one queue: it takes no --topic")
+        return SqsPublisher(config)
+
+    @classmethod
+    async def check_connection(cls, config: SqsConfig, *, call_timeout: float) -> str:
+        return await check_connection(config, call_timeout)

@@ -18,7 +18,8 @@ from typing import Any, TypeVar
 
 import aioboto3
 from aiobotocore.config import AioConfig
-from botocore.exceptions import ClientError
+from botocore.exceptions import ClientError, ReadTimeoutError
+from botocore.exceptions import ConnectionError as BotoConnectionError
 
 from acklane.core.connectors import Action, Verdict, verdict
 from acklane.core.deadletter import (
@@ -32,6 +33,7 @@ from acklane.core.deadletter import (
 from acklane.core.errors import ConnectorError
 from acklane.core.producer import AdvanceItem, AdvanceOutcome, SharedStreamProducer
 
+from ._check import auth_error
 from ._config import MAX_VISIBILITY_TIMEOUT, SqsConfig
 from ._message import SqsDelivery, SqsMessage
 
@@ -70,6 +72,10 @@ _ATTEMPT_ID_LIFETIME = 270.0
 #: Beyond its long-poll wait, how long aclose waits for a receive cut off by a stop.
 _RECEIVE_GRACE = 5.0
 #: SQS's words when a message or batch is too large (the codes vary by endpoint).
+#: The endpoint did not answer (botocore retried already): wait, the stream goes on.
+_UNREACHABLE = (BotoConnectionError, ReadTimeoutError)
+#: The longest pause between two tries at an unreachable endpoint (seconds).
+_UNREACHABLE_MAX_PAUSE = 30.0
 _SIZE_CODES = frozenset({"BatchRequestTooLong", "MessageTooLong", "RequestEntityTooLarge"})
 _SIZE_WORDS = re.compile(r"shorter than|longer than|too (?:long|large|big)|exceed", re.IGNORECASE)
 
@@ -255,6 +261,9 @@ class SqsStreamProducer(SharedStreamProducer):
         self._failure: BaseException | None = None
         self._opened = False
         self._closed = False
+        # The endpoint stopped answering at (monotonic), told once; the next pause.
+        self._unreachable_since: float | None = None
+        self._unreachable_pause = 1.0
 
     # ------------------------------------------------------------------ stream
 
@@ -361,8 +370,16 @@ class SqsStreamProducer(SharedStreamProducer):
             ) from exc
         self._client.meta.events.register("before-send.sqs", self._count_request)
 
-        self.queue_url = cfg.queue_url or await self._queue_url(cfg.queue_name, cfg.account_id)
-        attributes = await self._queue_attributes(self.queue_url, cfg)
+        while True:
+            try:
+                self.queue_url = cfg.queue_url or await self._queue_url(
+                    cfg.queue_name, cfg.account_id
+                )
+                attributes = await self._queue_attributes(self.queue_url, cfg)
+                break
+            except _UNREACHABLE as exc:
+                await self._wait_unreachable(exc)
+        self._tell_reachable()
         self.queue_arn = attributes.get("QueueArn")
         self._identity = self.queue_arn or self.queue_url
         self._lot_key = (*cfg.stream_key(), self.queue_url)
@@ -408,7 +425,12 @@ class SqsStreamProducer(SharedStreamProducer):
             kwargs["QueueOwnerAWSAccountId"] = account_id
         try:
             response = await self._client.get_queue_url(**kwargs)
-        except ClientError as exc:
+        except Exception as exc:
+            refused = auth_error(exc, f"queue {name}")
+            if refused is not None:
+                raise refused from exc
+            if not isinstance(exc, ClientError):
+                raise
             owner = f" of account {account_id}" if account_id else ""
             raise SqsConnectorError(
                 f"SQS queue {name!r}{owner} not found ({self.config.describe()}): {exc}"
@@ -435,6 +457,9 @@ class SqsStreamProducer(SharedStreamProducer):
                 if denied
                 else ""
             )
+            refused = auth_error(exc, f"queue {url}: reading its attributes{hint}")
+            if refused is not None:
+                raise refused from exc
             raise SqsConnectorError(
                 f"SQS queue {url}: cannot read its attributes{hint}: {exc}"
             ) from exc
@@ -502,6 +527,11 @@ class SqsStreamProducer(SharedStreamProducer):
                 self._orphan = task
                 task.add_done_callback(self._settle_orphan)
             raise
+        except _UNREACHABLE as exc:
+            # Not the group's failure: the endpoint comes back, and nothing is in flight.
+            await self._wait_unreachable(exc)
+            return []
+        self._tell_reachable()
         if not received and self.config.wait_time_seconds == 0:
             await asyncio.sleep(_EMPTY_SHORT_POLL_PAUSE)
         return received
@@ -531,7 +561,12 @@ class SqsStreamProducer(SharedStreamProducer):
         started = time.monotonic()
         try:
             response = await self._client.receive_message(**request)
-        except ClientError as exc:
+        except Exception as exc:
+            refused = auth_error(exc, f"queue {self.queue_url}: ReceiveMessage")
+            if refused is not None:
+                raise refused from exc
+            if not isinstance(exc, ClientError):
+                raise
             raise SqsConnectorError(
                 f"SQS queue {self.queue_url}: ReceiveMessage failed: {exc}"
             ) from exc
@@ -1160,6 +1195,30 @@ class SqsStreamProducer(SharedStreamProducer):
         )
 
     # --------------------------------------------------------------- internals
+
+    async def _wait_unreachable(self, exc: BaseException) -> None:
+        """The endpoint did not answer: tell it once (not per attempt), pause, go on."""
+        if self._unreachable_since is None:
+            self._unreachable_since = time.monotonic()
+            self._unreachable_pause = 1.0
+            log.warning(
+                "%s: SQS endpoint unreachable (%s); retrying until it answers",
+                self.config.describe(),
+                exc,
+            )
+        else:
+            log.debug("%s: SQS endpoint still unreachable: %s", self.config.describe(), exc)
+        await asyncio.sleep(self._unreachable_pause)
+        self._unreachable_pause = min(self._unreachable_pause * 2, _UNREACHABLE_MAX_PAUSE)
+
+    def _tell_reachable(self) -> None:
+        if self._unreachable_since is not None:
+            log.info(
+                "%s: SQS endpoint reachable again after %.0fs",
+                self.config.describe(),
+                time.monotonic() - self._unreachable_since,
+            )
+            self._unreachable_since = None
 
     def _fail(self, exc: BaseException) -> None:
         log.error("SQS queue %s: %s; the group will fail", self.queue_url, exc)

@@ -1,0 +1,116 @@
+"""``acklane publish`` to a Kafka stream: confluent-kafka's producer, with the stream's settings."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+from acklane.core.connectors import OutgoingMessage, Publisher, PublishError
+
+from ._config import KafkaConfig
+
+__all__ = ["KafkaPublisher"]
+
+_client_log = logging.getLogger("acklane.connectors.kafka.librdkafka")
+
+#: librdkafka errors after which waiting longer cannot help.
+_FATAL_CODES = ("_AUTHENTICATION", "SASL_AUTHENTICATION_FAILED", "TOPIC_AUTHORIZATION_FAILED")
+
+
+def publish_topic(config: KafkaConfig, destination: str | None) -> str:
+    """The topic to publish to: ``destination``, else the stream's only named topic."""
+    if destination is not None:
+        return destination
+    named = [t for t in config.topics if not t.startswith("^")]
+    if len(config.topics) == 1 and named:
+        return named[0]
+    raise PublishError(
+        f"the stream reads {len(config.topics)} topic(s) ({', '.join(config.topics)}): "
+        "name the one to publish to (--topic)"
+    )
+
+
+class KafkaPublisher(Publisher):
+    """Produces to one topic and waits for the broker's acknowledgement of each record.
+
+    The producer gets the stream's servers, security fields and the ``client``
+    properties a producer understands (those of the DLQ producer, ``dlq_client``
+    included); a record not confirmed within ``dlq_flush_timeout`` seconds fails
+    the batch.
+    """
+
+    max_batch: ClassVar[int] = 1000
+
+    def __init__(self, config: KafkaConfig, topic: str) -> None:
+        self.config = config
+        self.topic = topic
+        self._producer: Any = None
+        self._fatal: str | None = None
+
+    @property
+    def destination(self) -> str:
+        return f"kafka topic {self.topic} at {self.config.bootstrap_servers}"
+
+    def _on_error(self, error: Any) -> None:
+        if error.fatal() or error.name() in _FATAL_CODES:
+            self._fatal = f"{error.name()}: {error.str()}"
+
+    def _make_producer(self) -> Any:
+        from confluent_kafka import Producer
+
+        timeout_ms = int(self.config.dlq_flush_timeout * 1000)
+        settings: dict[str, Any] = {
+            **self.config.dlq_settings(),
+            "message.timeout.ms": timeout_ms,
+            "error_cb": self._on_error,
+            "logger": _client_log,
+        }
+        return Producer(settings)
+
+    def _send(self, messages: Sequence[OutgoingMessage]) -> None:
+        if self._producer is None:
+            self._producer = self._make_producer()
+        producer = self._producer
+        failures: list[str] = []
+
+        def delivered(error: Any, _record: Any) -> None:
+            if error is not None:
+                failures.append(f"{error.name()}: {error.str()}")
+
+        for message in messages:
+            headers = [(k, v.encode()) for k, v in message.attributes.items()] or None
+            while True:
+                try:
+                    producer.produce(
+                        self.topic,
+                        value=message.body,
+                        key=message.key,
+                        headers=headers,
+                        on_delivery=delivered,
+                    )
+                    break
+                except BufferError:  # the local queue is full: let deliveries drain it
+                    producer.poll(0.1)
+            producer.poll(0)
+        remaining = producer.flush(self.config.dlq_flush_timeout + 5)
+        if self._fatal is not None:
+            raise PublishError(f"{self.destination}: {self._fatal}")
+        if failures:
+            raise PublishError(
+                f"{self.destination}: {len(failures)} record(s) refused, the first: {failures[0]}"
+            )
+        if remaining:
+            raise PublishError(
+                f"{self.destination}: {remaining} record(s) not confirmed within "
+                f"{self.config.dlq_flush_timeout:g}s (dlq_flush_timeout); is the broker up?"
+            )
+
+    async def send(self, messages: Sequence[OutgoingMessage]) -> None:
+        await asyncio.to_thread(self._send, messages)
+
+    async def aclose(self) -> None:
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            await asyncio.to_thread(producer.flush, 5)

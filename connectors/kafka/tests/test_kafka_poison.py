@@ -1,0 +1,167 @@
+"""The poison policy on real Kafka (the session's emulator): a record whose filter raises
+is dead-lettered after ``max_attempts`` with its last error, the partition moves on, and
+the count is kept in the store, so a restart of the runner does not reset it.
+
+The filter is the docs' own example (``function: mypipeline.filters:big_orders``),
+written beside the pipeline file as a user would: ``{"id": 2}`` has no ``amount``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import textwrap
+from pathlib import Path
+
+from acklane.core.config import AcklaneConfig, load_config
+from acklane.core.deadletter import ORIGIN_OFFSET, ORIGIN_TOPIC, REJECT_REASON
+from acklane.core.events import EventStore
+from acklane.core.runner import Runner
+from acklane.integration.kafka import KafkaKit
+
+FILTERS = """\
+from acklane.core import RawMessage, reject_shared_stream_event
+
+
+def big_orders(message: RawMessage):
+    order = message.json()
+    if order.get("valid") is False:
+        reject_shared_stream_event("invalid order")
+        return None
+    return {"id": order["id"]} if order["amount"] > 100 else None
+"""
+
+REASON = "poison: failed {n} times; last error: watcher big-orders: KeyError: 'amount'"
+
+
+def pipeline(
+    tmp_path: Path,
+    kafka_kit: KafkaKit,
+    topic: str,
+    dlq: str,
+    group: str,
+    *,
+    max_attempts: int,
+    backoff: float = 0.05,
+) -> AcklaneConfig:
+    package = tmp_path / "kafkapoison"
+    package.mkdir(exist_ok=True)
+    (package / "__init__.py").write_text("")
+    (package / "filters.py").write_text(FILTERS)
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(
+        textwrap.dedent(
+            f"""\
+            engine:
+              ack_timeout: 20
+              restart_backoff_initial: {backoff}
+              restart_backoff_max: {max(backoff, 0.2)}
+              shutdown_timeout: 5
+            store:
+              url: sqlite:///{tmp_path / "events.db"}
+            streams:
+              orders:
+                connector: kafka
+                bootstrap_servers: {kafka_kit.bootstrap_servers}
+                topics: [{topic}]
+                group_id: {group}
+                dlq_topic: {dlq}
+                poll_timeout: 0.05
+                max_attempts: {max_attempts}
+                client:
+                  session.timeout.ms: {KafkaKit.FAST_GROUP["session.timeout.ms"]}
+                  heartbeat.interval.ms: {KafkaKit.FAST_GROUP["heartbeat.interval.ms"]}
+                  fetch.wait.max.ms: {KafkaKit.FAST_GROUP["fetch.wait.max.ms"]}
+            watchers:
+              - name: big-orders
+                stream: orders
+                filter: {{function: "kafkapoison.filters:big_orders"}}
+            """
+        )
+    )
+    return load_config(path)
+
+
+def orders(kafka_kit: KafkaKit, topic: str) -> None:
+    bodies = [{"id": 1, "amount": 150}, {"id": 2}, {"id": 3, "amount": 300}, {"id": 4, "amount": 5}]
+    kafka_kit.produce(topic, [json.dumps(b).encode() for b in bodies], partition=0)
+
+
+async def run_until(runner: Runner, done: object, timeout: float = 60.0) -> None:
+    """Run ``runner`` until ``done()`` (sync or async) holds, then stop it."""
+    task = asyncio.create_task(runner.run())
+    try:
+        async with asyncio.timeout(timeout):
+            while True:
+                result = done()  # type: ignore[operator]
+                if asyncio.iscoroutine(result):
+                    result = await result
+                if result:
+                    break
+                assert not task.done(), task.exception()
+                await asyncio.sleep(0.1)
+    finally:
+        runner.request_stop()
+        await task
+
+
+def committed_to(kafka_kit: KafkaKit, group: str, topic: str, end: int) -> object:
+    async def check() -> bool:
+        offsets = await asyncio.to_thread(kafka_kit.committed, group, topic, 1)
+        return offsets == {0: end}
+
+    return check
+
+
+async def stored_ids(db: Path) -> list[int]:
+    async with EventStore(f"sqlite:///{db}") as store:
+        return sorted(e.payload["id"] for e in await store.list_events(limit=1000))
+
+
+def failures(runner: Runner) -> int:
+    return sum(b.failures for b in runner.poison.streams().values())
+
+
+async def test_a_poison_record_is_dead_lettered_after_max_attempts_and_the_partition_moves_on(
+    tmp_path: Path, kafka_kit: KafkaKit
+) -> None:
+    topic, dlq, group = kafka_kit.new_topic(), kafka_kit.new_topic("dlq"), kafka_kit.unique("g")
+    orders(kafka_kit, topic)
+    runner = Runner(
+        pipeline(tmp_path, kafka_kit, topic, dlq, group, max_attempts=2), handle_signals=False
+    )
+    await run_until(runner, committed_to(kafka_kit, group, topic, 4))
+
+    [copy] = await asyncio.to_thread(kafka_kit.read, dlq, 1)
+    assert json.loads(copy.value()) == {"id": 2}
+    headers = {name: (value or b"").decode() for name, value in copy.headers() or []}
+    assert headers[REJECT_REASON] == REASON.format(n=2)
+    assert headers[ORIGIN_TOPIC] == topic and headers[ORIGIN_OFFSET] == "1"
+    # the records behind it were processed; the poison one never fired
+    assert await stored_ids(tmp_path / "events.db") == [1, 3]
+    (book,) = runner.poison.streams().values()
+    assert (book.failures, book.poisoned, book.restarts) == (2, 1, 2)
+
+
+async def test_the_attempt_count_of_a_kafka_record_survives_a_restart_of_the_runner(
+    tmp_path: Path, kafka_kit: KafkaKit
+) -> None:
+    # Kafka counts no deliveries: the count is acklane's, in the store
+    topic, dlq, group = kafka_kit.new_topic(), kafka_kit.new_topic("dlq"), kafka_kit.unique("g")
+    orders(kafka_kit, topic)
+    # a long backoff: the first runner is stopped while it waits to restart
+    slow = pipeline(tmp_path, kafka_kit, topic, dlq, group, max_attempts=3, backoff=5.0)
+    first = Runner(slow, handle_signals=False)
+    await run_until(first, lambda: failures(first) >= 1)
+    assert failures(first) == 1
+    assert await asyncio.to_thread(kafka_kit.read, dlq, 1, timeout=1.0) == []
+
+    second = Runner(
+        pipeline(tmp_path, kafka_kit, topic, dlq, group, max_attempts=3), handle_signals=False
+    )
+    await run_until(second, committed_to(kafka_kit, group, topic, 4))
+    assert failures(second) == 2  # 1 + 2 = max_attempts, then dead-lettered
+    [copy] = await asyncio.to_thread(kafka_kit.read, dlq, 1)
+    headers = {name: (value or b"").decode() for name, value in copy.headers() or []}
+    assert headers[REJECT_REASON] == REASON.format(n=3)
+    assert await stored_ids(tmp_path / "events.db") == [1, 3]

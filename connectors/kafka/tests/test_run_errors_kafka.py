@@ -1,0 +1,231 @@
+"""``acklane run`` against a Kafka cluster it cannot use, and ``validate --connect``.
+
+Against the real emulator (tansu) and a closed port, through ``acklane run`` as a
+user starts it:
+
+- an unreachable cluster is told once ("broker unreachable at host:port"), not once
+  per librdkafka callback, and never twice (error_cb *and* librdkafka's own log);
+  when the cluster comes back, "reconnected" is told once; a stop is quick (before:
+  "Producers did not close in time", and the process hung ~20 s past it);
+- credentials the broker refuses stop acklane at once: exit 1, one ERROR line naming
+  the stream and the settings to check, no traceback. Tansu speaks no SASL
+  mechanism a client can complete, so a SASL_PLAINTEXT stream against it is a real
+  authentication failure, answered by the broker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from acklane.integration.emulator import free_port
+from acklane.integration.kafka import KafkaKit
+
+
+class Run:
+    """``acklane run CONFIG`` in a subprocess; its log lines as they come."""
+
+    def __init__(self, cfg: Path) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "acklane.core.cli", "run", str(cfg)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, "ACKLANE_LOG_FORMAT": "text", "COLUMNS": "200"},
+        )
+        self.lines: list[str] = []
+        self._queue: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._queue.put(line.rstrip("\n"))
+        self._queue.put(None)
+
+    def wait_for(self, text: str, timeout: float = 90) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                line = self._queue.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            if line is None:
+                break
+            self.lines.append(line)
+            if text in line:
+                return line
+        raise AssertionError(f"{text!r} never came:\n" + "\n".join(self.lines))
+
+    def finish(self, timeout: float = 60) -> int:
+        code = self.proc.wait(timeout=timeout)
+        while (line := self._queue.get(timeout=5)) is not None:
+            self.lines.append(line)
+        return code
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGINT)
+        return self.finish()
+
+    @property
+    def output(self) -> str:
+        return "\n".join(self.lines)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _pipeline(tmp_path: Path, stream: str) -> Path:
+    cfg = tmp_path / "pipeline.yaml"
+    cfg.write_text(
+        f'store: {{url: "sqlite:///{tmp_path}/events.db"}}\n'
+        "engine: {shutdown_timeout: 5}\n"
+        "streams:\n  orders:\n    connector: kafka\n"
+        + textwrap.indent(textwrap.dedent(stream), "    ")
+        + "watchers:\n  - {name: all, stream: orders}\n"
+    )
+    return cfg
+
+
+@pytest.fixture
+def run_of(tmp_path: Path) -> Iterator[list[Run]]:
+    runs: list[Run] = []
+    yield runs
+    for run in runs:
+        run.kill()
+
+
+def test_an_unreachable_broker_is_told_once_and_the_stop_is_quick(
+    tmp_path: Path, run_of: list[Run]
+) -> None:
+    port = free_port()  # nothing listens there
+    cfg = _pipeline(
+        tmp_path, f"bootstrap_servers: 127.0.0.1:{port}\ntopics: [orders]\ngroup_id: g\n"
+    )
+    run = Run(cfg)
+    run_of.append(run)
+    line = run.wait_for("broker unreachable")
+    assert f"at 127.0.0.1:{port}" in line
+    assert "Connection refused" in line
+    time.sleep(4)  # librdkafka retries (and calls error_cb) several times meanwhile
+    assert run.stop() == 0, run.output
+    out = run.output
+    assert out.count("broker unreachable") == 1, out
+    assert "Connection refused" not in out.replace(line, "")  # no repeat, no librdkafka copy
+    assert "Traceback" not in out
+    assert "Restarting watchers" not in out  # waiting for a cluster is not a failure
+    assert "did not close in time" not in out  # the stop did not wait for a metadata call
+
+
+class _Proxy:
+    """A TCP forwarder to the emulator on a port of its own, started on demand."""
+
+    def __init__(self, port: int, target: tuple[str, int]) -> None:
+        self.port, self.target = port, target
+        self._server: socket.socket | None = None
+        self._closing = False
+
+    def start(self) -> None:
+        server = socket.create_server(("127.0.0.1", self.port), reuse_port=True)
+        self._server = server
+        threading.Thread(target=self._accept, args=(server,), daemon=True).start()
+
+    def _accept(self, server: socket.socket) -> None:
+        while not self._closing:
+            try:
+                client, _ = server.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self.target)
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (source, sink):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self._closing = True
+        if self._server is not None:
+            self._server.close()
+
+
+def test_reconnected_is_told_once_when_the_cluster_comes_back(
+    tmp_path: Path, run_of: list[Run], kafka_kit: KafkaKit
+) -> None:
+    topic = kafka_kit.new_topic("reconnect")
+    host, _, port = kafka_kit.bootstrap_servers.rpartition(":")
+    proxy = _Proxy(free_port(), (host, int(port)))
+    cfg = _pipeline(
+        tmp_path,
+        f"bootstrap_servers: 127.0.0.1:{proxy.port}\ntopics: [{topic}]\n"
+        f"group_id: {KafkaKit.unique('g')}\n"
+        "client: {reconnect.backoff.max.ms: 500}\n",
+    )
+    run = Run(cfg)
+    run_of.append(run)
+    try:
+        run.wait_for("broker unreachable")
+        proxy.start()
+        run.wait_for("reconnected to")
+        run.wait_for("Kafka consumer subscribed")
+    finally:
+        proxy.close()
+    assert run.stop() == 0, run.output
+    out = run.output
+    assert out.count("broker unreachable") == 1, out
+    assert out.count("reconnected to") == 1, out
+    assert "Traceback" not in out
+
+
+def test_a_refused_sasl_login_stops_acklane_with_exit_1_and_one_line(
+    tmp_path: Path, run_of: list[Run], kafka_kit: KafkaKit
+) -> None:
+    cfg = _pipeline(
+        tmp_path,
+        f"""\
+        bootstrap_servers: {kafka_kit.bootstrap_servers}
+        topics: [orders]
+        group_id: g
+        security_protocol: SASL_PLAINTEXT
+        sasl_mechanism: PLAIN
+        sasl_username: alice
+        sasl_password: "Secr3tSasl"
+        """,
+    )
+    run = Run(cfg)
+    run_of.append(run)
+    code = run.finish(timeout=90)  # it stops by itself
+    out = run.output
+    assert code == 1, out
+    errors = [line for line in out.splitlines() if " ERROR " in line]
+    assert len(errors) == 1, out
+    (line,) = errors
+    assert "stream orders: Kafka authentication failed" in line
+    assert "streams.orders.sasl_password" in line
+    assert "not retried" in line
+    assert "Secr3tSasl" not in out
+    assert "Traceback" not in out
+    assert "Restarting watchers" not in out

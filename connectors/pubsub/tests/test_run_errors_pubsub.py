@@ -1,0 +1,190 @@
+"""Pub/Sub streams acklane cannot use: ``validate --connect``'s check and ``acklane run``.
+
+Against acklane's Pub/Sub emulator: a readable subscription and dead-letter topic;
+a subscription or a topic that does not exist; an endpoint that does not answer
+(told once at run time, the stream waits for it). The emulator checks no
+credentials, so refusals come from a gRPC server started here that answers every
+call ``UNAUTHENTICATED`` or ``PERMISSION_DENIED``, the status codes Google's
+service answers: the official client reads them as it would Google's, and
+``acklane run`` must stop on them (exit 1, one line).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from concurrent import futures
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from acklane.core.checks import CheckResult, run_checks
+from acklane.core.config import load_config
+from acklane.integration.emulator import Emulator, free_port
+from acklane.integration.pubsub import PubSubKit
+
+pytestmark = pytest.mark.filterwarnings("ignore:The return_immediately flag:DeprecationWarning")
+
+
+def _pipeline(tmp_path: Path, stream: str) -> Path:
+    cfg = tmp_path / "pipeline.yaml"
+    cfg.write_text(
+        f'store: {{url: "sqlite:///{tmp_path}/events.db"}}\n'
+        "engine: {shutdown_timeout: 5}\n"
+        "streams:\n  orders:\n    connector: pubsub\n"
+        + textwrap.indent(textwrap.dedent(stream), "    ")
+        + "watchers:\n  - {name: all, stream: orders}\n"
+    )
+    return cfg
+
+
+async def _check(tmp_path: Path, stream: str) -> CheckResult:
+    checks = await run_checks(load_config(_pipeline(tmp_path, stream)), call_timeout=5)
+    (check,) = [c for c in checks if c.target == "stream orders"]
+    assert check.setting == "streams.orders"
+    return check
+
+
+@pytest.fixture
+def settings(pubsub_emulator: Emulator) -> dict[str, Any]:
+    return pubsub_emulator.client_settings()
+
+
+async def test_connect_to_a_subscription_and_its_dead_letter_topic(
+    tmp_path: Path, settings: dict[str, Any]
+) -> None:
+    async with PubSubKit(settings) as kit:
+        topic = await kit.create_topic()
+        dlq = await kit.create_topic("dlq")
+        sub = await kit.create_subscription(topic)
+        check = await _check(
+            tmp_path,
+            f"project: {kit.project}\nemulator_host: {kit.host}\nsubscription: {sub}\n"
+            f"dead_letter_topic: {dlq}\n",
+        )
+    assert check.status == "ok", check
+    assert f"subscription {sub} (topic {topic}) readable" in check.detail
+    assert f"dead-letter topic {dlq} exists" in check.detail
+
+
+async def test_connect_names_what_does_not_exist(tmp_path: Path, settings: dict[str, Any]) -> None:
+    async with PubSubKit(settings) as kit:
+        topic = await kit.create_topic()
+        sub = await kit.create_subscription(topic)
+        stream = f"project: {kit.project}\nemulator_host: {kit.host}\n"
+        no_sub = await _check(tmp_path, stream + "subscription: no-such-sub\n")
+        no_dlq = await _check(
+            tmp_path, stream + f"subscription: {sub}\ndead_letter_topic: no-such-topic\n"
+        )
+    assert no_sub.status == "failed"
+    assert "no such subscription" in no_sub.detail and "(subscription)" in no_sub.detail
+    assert no_dlq.status == "failed"
+    assert "no such dead letter topic" in no_dlq.detail
+    assert "(dead_letter_topic)" in no_dlq.detail
+
+
+async def test_connect_to_an_endpoint_that_does_not_answer(tmp_path: Path) -> None:
+    check = await _check(
+        tmp_path, f"project: p\nemulator_host: 127.0.0.1:{free_port()}\nsubscription: orders-sub\n"
+    )
+    assert check.status == "failed"
+    assert "no answer from the Pub/Sub endpoint (emulator_host)" in check.detail
+    assert "UNAVAILABLE" in check.detail
+
+
+class _Refusing(grpc.GenericRpcHandler):
+    def __init__(self, code: grpc.StatusCode) -> None:
+        self.code = code
+
+    def service(self, handler_call_details: Any) -> Any:
+        def refuse(request: bytes, context: grpc.ServicerContext) -> bytes:
+            context.abort(self.code, "request had invalid authentication credentials")
+            raise AssertionError("abort raises")
+
+        return grpc.unary_unary_rpc_method_handler(refuse)
+
+
+@pytest.fixture(params=[grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED])
+def refusing_endpoint(request: pytest.FixtureRequest) -> Iterator[tuple[str, str]]:
+    """host:port of a gRPC server answering every call with the code; the code's name."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    server.add_generic_rpc_handlers((_Refusing(request.param),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        yield f"127.0.0.1:{port}", request.param.name
+    finally:
+        server.stop(grace=None)
+
+
+async def test_connect_to_an_endpoint_that_refuses(
+    tmp_path: Path, refusing_endpoint: tuple[str, str]
+) -> None:
+    host, code = refusing_endpoint
+    check = await _check(tmp_path, f"project: p\nemulator_host: {host}\nsubscription: orders-sub\n")
+    assert check.status == "failed"
+    assert f"{code}: request had invalid authentication credentials" in check.detail
+    assert "(check streams.orders." in check.detail
+
+
+def _run(cfg: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "acklane.core.cli", "run", str(cfg)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "ACKLANE_LOG_FORMAT": "text", "COLUMNS": "200"},
+    )
+
+
+def test_run_against_an_endpoint_that_refuses_stops_with_exit_1(
+    tmp_path: Path, refusing_endpoint: tuple[str, str]
+) -> None:
+    host, code = refusing_endpoint
+    proc = _run(
+        _pipeline(tmp_path, f"project: p\nemulator_host: {host}\nsubscription: orders-sub\n")
+    )
+    try:
+        out = proc.communicate(timeout=120)[0]  # it stops by itself
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, out
+    errors = [line for line in out.splitlines() if " ERROR " in line]
+    assert len(errors) == 1, out
+    assert "stream orders: Pub/Sub" in errors[0] and code in errors[0]
+    assert "(check streams.orders." in errors[0]
+    assert "Traceback" not in out
+
+
+def test_run_against_an_unreachable_endpoint_tells_it_once(tmp_path: Path) -> None:
+    proc = _run(
+        _pipeline(
+            tmp_path,
+            f"project: p\nemulator_host: 127.0.0.1:{free_port()}\nsubscription: orders-sub\n",
+        )
+    )
+    assert proc.stdout is not None
+    seen: list[str] = []
+    try:
+        for line in proc.stdout:
+            seen.append(line)
+            if "Pub/Sub endpoint unreachable" in line:
+                break
+        time.sleep(5)  # several more tries follow (1 s, 2 s, 4 s apart): none told again
+        proc.send_signal(signal.SIGINT)
+        out = "".join(seen) + proc.communicate(timeout=60)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out
+    assert out.count("Pub/Sub endpoint unreachable") == 1, out
+    assert "Traceback" not in out
+    assert "Restarting watchers" not in out

@@ -1,0 +1,89 @@
+"""Refused credentials, an unreachable namespace, and ``validate --connect`` for Service Bus.
+
+:func:`auth_error` turns the SDK's authentication and authorisation errors (a key
+the namespace does not accept, a token without ``Listen``) into a
+:class:`~acklane.core.errors.BrokerAuthError`: the runner stops rather than retry
+them. The connection check opens a receiver on the entity and peeks at one
+message: peeking locks nothing and settles nothing (no delivery count changes).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from azure.servicebus.exceptions import (
+    MessagingEntityNotFoundError,
+    ServiceBusAuthenticationError,
+    ServiceBusAuthorizationError,
+    ServiceBusConnectionError,
+)
+
+from acklane.core.errors import BrokerAuthError, ConnectorError
+
+from ._config import ServiceBusConfig
+
+__all__ = ["UNREACHABLE", "auth_error", "check_connection"]
+
+#: The namespace does not answer (the SDK retried already).
+UNREACHABLE = (ServiceBusConnectionError,)
+
+
+def _text(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def auth_error(exc: BaseException, where: str) -> BrokerAuthError | None:
+    """The :class:`BrokerAuthError` for ``exc``, or None when it is no refusal."""
+    if isinstance(exc, ServiceBusAuthenticationError):
+        return BrokerAuthError(
+            f"Service Bus authentication failed ({where}): {_text(exc)}",
+            settings=("connection_string", "fully_qualified_namespace", "credential"),
+        )
+    if isinstance(exc, ServiceBusAuthorizationError):
+        return BrokerAuthError(
+            f"Service Bus authorisation failed ({where}): {_text(exc)}",
+            settings=("connection_string", "queue", "topic", "subscription"),
+        )
+    if type(exc).__name__ == "ClientAuthenticationError":  # azure-identity's
+        return BrokerAuthError(
+            f"Service Bus {where}: no usable Azure credential: {_text(exc)}",
+            settings=("credential", "fully_qualified_namespace"),
+        )
+    return None
+
+
+class _Unusable(ConnectorError):
+    """What the check found wrong, in a sentence naming the setting."""
+
+
+async def check_connection(config: ServiceBusConfig, call_timeout: float, client: Any) -> str:
+    """Open a receiver on the entity and peek at one message (changes nothing).
+
+    ``client`` is a ``ServiceBusClient`` made from the stream's settings with no
+    retries and ``call_timeout`` as its socket call_timeout; it is closed here.
+    """
+    field = "queue" if config.queue is not None else "topic / subscription"
+    async with client:
+        if config.queue is not None:
+            receiver = client.get_queue_receiver(config.queue, max_wait_time=call_timeout)
+        else:
+            receiver = client.get_subscription_receiver(
+                config.topic, config.subscription, max_wait_time=call_timeout
+            )
+        try:
+            async with receiver:
+                peeked = await receiver.peek_messages(max_message_count=1, timeout=call_timeout)
+        except MessagingEntityNotFoundError:
+            raise _Unusable(f"no such entity {config.entity} ({field})") from None
+        except UNREACHABLE as exc:
+            where = "connection_string" if config.connection_string else "fully_qualified_namespace"
+            raise _Unusable(
+                f"cannot reach namespace {config.namespace} ({where}): {_text(exc)}"
+            ) from None
+        except Exception as exc:
+            refused = auth_error(exc, f"entity {config.entity}")
+            if refused is not None:
+                raise refused from None
+            raise
+    waiting = "a message waiting" if peeked else "no message waiting"
+    return f"namespace {config.namespace}: {config.entity} readable ({waiting})"

@@ -1,0 +1,202 @@
+"""SQS streams acklane cannot use: ``validate --connect`` and ``acklane run``.
+
+Against moto's server (the session's emulator), and a second moto server started
+here with its IAM checks on (``INITIAL_NO_AUTH_ACTION_COUNT=0``): it answers keys it
+does not know with ``InvalidClientTokenId``, as AWS does.
+
+- ``validate --connect``: the queue and its dead-letter queue readable; a queue that
+  does not exist, refused keys, an endpoint that does not answer: one line each,
+  naming the setting.
+- ``acklane run``: refused keys stop acklane (exit 1, one ERROR line naming the
+  stream and the credential settings, no traceback); an unreachable endpoint is
+  told once and the stream waits for it (no group failure, no traceback).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from typer.testing import CliRunner
+
+from acklane.core.cli import app
+from acklane.integration.emulator import Emulator, free_port, wait_for_port
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def strict_moto() -> Iterator[str]:
+    """A moto server that checks credentials: its endpoint URL."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        env={**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "0"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for_port("127.0.0.1", port, 60)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@pytest.fixture
+def queues(sqs_emulator: Emulator) -> dict[str, str]:
+    settings = sqs_emulator.client_settings()
+    client = boto3.client(
+        "sqs",
+        endpoint_url=settings["endpoint_url"],
+        region_name=settings["region"],
+        aws_access_key_id=settings["aws_access_key_id"],
+        aws_secret_access_key=settings["aws_secret_access_key"],
+    )
+    suffix = str(time.monotonic_ns())
+    return {
+        "queue": client.create_queue(QueueName=f"orders-{suffix}")["QueueUrl"],
+        "dlq": client.create_queue(QueueName=f"orders-dlq-{suffix}")["QueueUrl"],
+    }
+
+
+def _pipeline(tmp_path: Path, stream: str) -> Path:
+    cfg = tmp_path / "pipeline.yaml"
+    cfg.write_text(
+        f'store: {{url: "sqlite:///{tmp_path}/events.db"}}\n'
+        "engine: {shutdown_timeout: 5}\n"
+        "streams:\n  orders:\n    connector: sqs\n"
+        + textwrap.indent(textwrap.dedent(stream), "    ")
+        + "watchers:\n  - {name: all, stream: orders}\n"
+    )
+    return cfg
+
+
+def _stream(endpoint: str, queue: str, key: str = "testing", extra: str = "") -> str:
+    return (
+        f"queue_url: {queue}\nendpoint_url: {endpoint}\nregion: us-east-1\n"
+        f"aws_access_key_id: {key}\naws_secret_access_key: WrongSecret123\n"
+        f"wait_time_seconds: 1\n{extra}"
+    )
+
+
+def _check(tmp_path: Path, stream: str) -> tuple[int, dict[str, Any]]:
+    result = runner.invoke(
+        app,
+        [
+            "validate",
+            "--connect",
+            "--timeout",
+            "5",
+            "--format",
+            "json",
+            str(_pipeline(tmp_path, stream)),
+        ],
+    )
+    document = json.loads(result.stdout)
+    (check,) = [c for c in document["checks"] if c["target"] == "stream orders"]
+    return result.exit_code, check
+
+
+def test_connect_to_a_queue_and_its_dead_letter_queue(
+    tmp_path: Path, sqs_emulator: Emulator, queues: dict[str, str]
+) -> None:
+    endpoint = sqs_emulator.client_settings()["endpoint_url"]
+    stream = _stream(endpoint, queues["queue"], extra=f"dead_letter_queue_url: {queues['dlq']}\n")
+    code, check = _check(tmp_path, stream)
+    assert code == 0, check
+    assert check["status"] == "ok"
+    assert "readable; dead-letter queue" in check["detail"]
+
+
+def test_connect_names_a_missing_dead_letter_queue(
+    tmp_path: Path, sqs_emulator: Emulator, queues: dict[str, str]
+) -> None:
+    endpoint = sqs_emulator.client_settings()["endpoint_url"]
+    missing = queues["dlq"] + "-gone"
+    stream = _stream(endpoint, queues["queue"], extra=f"dead_letter_queue_url: {missing}\n")
+    code, check = _check(tmp_path, stream)
+    assert code == 3
+    assert f"no such queue {missing} (dead_letter_queue_url)" in check["detail"]
+
+
+def test_connect_with_keys_aws_does_not_know(tmp_path: Path, strict_moto: str) -> None:
+    code, check = _check(
+        tmp_path, _stream(strict_moto, f"{strict_moto}/123456789012/q", "AKIAWRONG0KEY")
+    )
+    assert code == 3
+    assert "SQS authentication failed" in check["detail"]
+    assert "InvalidClientTokenId" in check["detail"]
+    assert "streams.orders.aws_access_key_id" in check["detail"]
+    assert "WrongSecret123" not in json.dumps(check)
+
+
+def test_connect_to_an_endpoint_that_does_not_answer(tmp_path: Path) -> None:
+    endpoint = f"http://127.0.0.1:{free_port()}"
+    code, check = _check(tmp_path, _stream(endpoint, f"{endpoint}/123456789012/q"))
+    assert code == 3
+    assert "cannot reach the SQS endpoint (endpoint_url, region)" in check["detail"]
+
+
+def _run(cfg: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "acklane.core.cli", "run", str(cfg)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "ACKLANE_LOG_FORMAT": "text", "COLUMNS": "200"},
+    )
+
+
+def test_run_with_refused_keys_stops_with_exit_1_and_one_line(
+    tmp_path: Path, strict_moto: str
+) -> None:
+    cfg = _pipeline(
+        tmp_path, _stream(strict_moto, f"{strict_moto}/123456789012/q", "AKIAWRONG0KEY")
+    )
+    proc = _run(cfg)
+    try:
+        out, _ = proc.communicate(timeout=120)  # it stops by itself
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, out
+    errors = [line for line in out.splitlines() if " ERROR " in line]
+    assert len(errors) == 1, out
+    assert "stream orders: SQS authentication failed" in errors[0]
+    assert "streams.orders.aws_secret_access_key" in errors[0]
+    assert "WrongSecret123" not in out
+    assert "Traceback" not in out
+
+
+def test_run_with_an_unreachable_endpoint_tells_it_once(tmp_path: Path) -> None:
+    endpoint = f"http://127.0.0.1:{free_port()}"
+    cfg = _pipeline(tmp_path, _stream(endpoint, f"{endpoint}/123456789012/q"))
+    proc = _run(cfg)
+    assert proc.stdout is not None
+    seen: list[str] = []
+    try:
+        for line in proc.stdout:
+            seen.append(line)
+            if "SQS endpoint unreachable" in line:
+                break
+        time.sleep(5)  # more tries meanwhile: none of them told again
+        proc.send_signal(signal.SIGINT)
+        out = "".join(seen) + proc.communicate(timeout=60)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out
+    assert out.count("SQS endpoint unreachable") == 1, out
+    assert "Traceback" not in out
+    assert "Restarting watchers" not in out

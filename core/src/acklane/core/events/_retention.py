@@ -1,0 +1,96 @@
+"""Retention: trigger events older than a window are deleted, a batch per transaction.
+
+Used by a running engine (``store.retention``, every ``store.prune_interval``) and by
+``acklane events prune``. Rows are found through the index on ``created_at``; each
+batch is one short DELETE transaction, so the writer (which shares SQLite's one
+write lock) waits at most one batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager, nullcontext
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Select, delete, func, select
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from ._schema import events_table
+
+__all__ = [
+    "DEFAULT_PRUNE_BATCH",
+    "DEFAULT_RETENTION",
+    "count_older_than",
+    "cutoff_for",
+    "prune_older_than",
+]
+
+#: Rows deleted per transaction.
+DEFAULT_PRUNE_BATCH = 5000
+#: ``store.retention``'s default, in seconds: 14 days, as long as SQS keeps a message
+#: at most, and longer than Kafka's and Pub/Sub's default retention (7 days).
+DEFAULT_RETENTION = 14 * 86400.0
+
+
+def cutoff_for(retention: float, now: datetime | None = None) -> datetime:
+    """The creation time before which events are pruned (UTC)."""
+    if retention <= 0:
+        raise ValueError(f"retention must be > 0 seconds, not {retention:g}")
+    now = datetime.now(UTC) if now is None else now
+    return now - timedelta(seconds=retention)
+
+
+def _bound(engine: AsyncEngine, cutoff: datetime) -> datetime:
+    # SQLite keeps naive UTC text (as the writer stamps it); PostgreSQL an aware time.
+    cutoff = cutoff.astimezone(UTC)
+    return cutoff.replace(tzinfo=None) if engine.dialect.name == "sqlite" else cutoff
+
+
+def _older(engine: AsyncEngine, cutoff: datetime) -> Any:
+    return events_table.c.created_at < _bound(engine, cutoff)
+
+
+async def count_older_than(
+    engine: AsyncEngine,
+    cutoff: datetime,
+    *,
+    serialize: Callable[[], AbstractAsyncContextManager[object]] | None = None,
+) -> int:
+    """How many events were created before ``cutoff``."""
+    stmt: Select[Any] = select(func.count()).select_from(events_table)
+    stmt = stmt.where(_older(engine, cutoff))
+    async with serialize() if serialize is not None else nullcontext(), engine.connect() as conn:
+        return int((await conn.execute(stmt)).scalar() or 0)
+
+
+async def prune_older_than(
+    engine: AsyncEngine,
+    cutoff: datetime,
+    *,
+    batch_size: int = DEFAULT_PRUNE_BATCH,
+    serialize: Callable[[], AbstractAsyncContextManager[object]] | None = None,
+    on_batch: Callable[[int], None] | None = None,
+) -> int:
+    """Delete the events created before ``cutoff``, ``batch_size`` rows per transaction;
+    the number deleted. ``on_batch(n)`` is called after each committed batch.
+
+    Rows created after the call started are never touched (the cutoff is fixed), so
+    it ends even while the engine writes.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, not {batch_size}")
+    ids = select(events_table.c.id).where(_older(engine, cutoff)).limit(batch_size)
+    stmt = delete(events_table).where(events_table.c.id.in_(ids))
+    total = 0
+    while True:
+        async with (
+            serialize() if serialize is not None else nullcontext(),
+            engine.begin() as conn,
+        ):
+            deleted = (await conn.execute(stmt)).rowcount
+        total += deleted
+        if deleted and on_batch is not None:
+            on_batch(deleted)
+        if deleted < batch_size:
+            return total
