@@ -6,6 +6,7 @@ pipe, ``| grep``) each event is one tab-separated line, whatever its length.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -16,14 +17,18 @@ from acklane.core.events import EventRecord, EventStore
 LONG = "a-watcher-with-a-rather-long-name-that-a-table-would-fold"
 
 
-async def test_piped_events_list_is_one_tab_separated_line_per_event(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path}/events.db"
+async def _fill(url: str) -> None:
     async with EventStore(url, on_confirmed=lambda seqs: None) as store:
         for n in range(3):
             payload = {"n": n, "text": "x" * 150, "tab": "a\tb"}
             record = EventRecord(LONG, '["memory","orders"]', payload, f"memory:m/{n}", n)
             await store.put(record, seq=n)
         await store.flush()
+
+
+def test_piped_events_list_is_one_tab_separated_line_per_event(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/events.db"
+    asyncio.run(_fill(url))
 
     out = subprocess.run(
         [sys.executable, "-m", "acklane.core.cli", "events", "list", "--url", url],
