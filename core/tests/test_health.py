@@ -77,10 +77,12 @@ async def _probe(port: int, path: str) -> tuple[int, str]:
     return await asyncio.to_thread(_get, port, path)
 
 
-async def _until(port: int, path: str, want: Callable[[int, str], bool]) -> tuple[int, str]:
+async def _until(
+    port: int, path: str, want: Callable[[int, str], bool], timeout: float = 30
+) -> tuple[int, str]:
     """Probe until ``want(status, body)``; the last answer. Bounded by a generous timeout,
     never by how fast the machine is."""
-    async with asyncio.timeout(30):
+    async with asyncio.timeout(timeout):
         while True:
             status, body = await _probe(port, path)
             if want(status, body):

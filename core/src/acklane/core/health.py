@@ -7,7 +7,9 @@ as a heartbeat that grew old rather than as a probe that hangs.
 - **Alive**: the runner has not finished, and (once it runs) the heartbeat is at most
   :data:`STALE_AFTER` seconds old.
 - **Ready**: the runner is running (not starting, not stopping), every stream's
-  watchers are polling (none is waiting out a restart backoff), and the event store
+  watchers are polling (none is waiting out a restart backoff) and its broker answers
+  (its producer's ``broker_problem()``, read on every heartbeat, is ``None``: a broker
+  that does not answer fails no group, the connector keeps trying), and the event store
   can take events: its last write attempt did not fail and its last check (a
   ``SELECT 1`` every :data:`STORE_CHECK_INTERVAL` seconds) succeeded.
 """
@@ -58,6 +60,9 @@ class CohortStatus:
     state: CohortState = "starting"
     reason: str = ""
     since: float = field(default_factory=time.monotonic)
+    #: Why the stream's broker cannot be reached now (``None``: it answers, or
+    #: the connector cannot tell); updated by the runner on every heartbeat.
+    broker_problem: str | None = None
 
     def set(self, state: CohortState, reason: str = "") -> None:
         self.state = state
@@ -111,10 +116,15 @@ class Health:
             entry: dict[str, Any] = {"key": status.key_text, "state": status.state}
             if status.reason:
                 entry["reason"] = status.reason
+            broker = status.broker_problem
+            if broker is not None:
+                entry["broker"] = broker
             streams[status.streams] = entry
             if status.state != "polling":
                 why = f": {status.reason}" if status.reason else ""
                 problems.append(f"stream {status.streams} is {status.state}{why}")
+            elif broker is not None:
+                problems.append(f"stream {status.streams} cannot reach its broker: {broker}")
         store = self.store
         store_problem = "the event store is not open" if store is None else store.problem
         if store_problem is not None:

@@ -123,5 +123,17 @@ class SharedStreamProducer(ABC):
         """
         return {}
 
+    def broker_problem(self) -> str | None:
+        """acklane's addition: why the broker cannot be reached now, or ``None``.
+
+        A broker that does not answer is no failure of the group (the producer keeps
+        trying), so the stream would look healthy; the runner reads this on every
+        heartbeat and ``/readyz`` reports the stream not ready while it is set.
+        Called on the event loop's thread; cheap, never raises, never does I/O
+        (:class:`acklane.core.connectors.Reachability` keeps the state). Default:
+        ``None`` (no view of the broker's reachability).
+        """
+        return None
+
     async def aclose(self) -> None:  # noqa: B027 - optional hook, no-op by default
         """Flush and close the broker clients; called once, best-effort."""

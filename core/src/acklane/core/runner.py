@@ -492,9 +492,7 @@ class Runner:
         ``tg``, cancelled by :meth:`_run` once the cohorts have stopped."""
         engine, store_settings = self.config.engine, self.config.store
         tasks: list[asyncio.Task[None]] = [
-            tg.create_task(
-                self.health.run_forever(on_beat=self.progress.sample), name="acklane-health"
-            )
+            tg.create_task(self.health.run_forever(on_beat=self._on_beat), name="acklane-health")
         ]
         if engine.progress_interval > 0:
             tasks.append(
@@ -513,6 +511,14 @@ class Runner:
                 )
             )
         return tasks
+
+    def _on_beat(self) -> None:
+        """Every heartbeat: each stream's broker problem (for /readyz), then the
+        progress counters."""
+        problems = {stream_key_text(k): p for k, p in self.manager.broker_problems().items()}
+        for status in list(self.health.cohorts.values()):
+            status.broker_problem = problems.get(status.key_text)
+        self.progress.sample()
 
     def _cohort_state(self, key_text: str) -> str | None:
         status = self.health.cohorts.get(key_text)

@@ -6,6 +6,8 @@
 - :func:`verdict` and :class:`Verdict`: what to do with one resolved message;
 - :class:`Action`: the names a producer's ``counters()`` may use;
 - :class:`CommitLedger`: holds, floors and commit plans of a cumulative-commit broker;
+- :class:`Reachability`: whether the broker answers, told once per change, the
+  source of a producer's ``broker_problem()`` (``/readyz``);
 - :class:`Publisher` and :class:`OutgoingMessage`: the optional sending side
   (``acklane publish``), :class:`PublishNotSupported` by default;
 - the dead-letter vocabulary lives in :mod:`acklane.core.deadletter`.
@@ -17,6 +19,7 @@ from ._actions import Action
 from ._connector import ConfigT, Connector
 from ._ledger import CommitLedger, CommitPlan, LedgerEntry
 from ._publish import OutgoingMessage, Publisher, PublishError, PublishNotSupported
+from ._reachability import Reachability
 from ._registry import ENTRY_POINT_GROUP, UnknownConnector, available_connectors, load_connector
 from ._trigger import ConnectorTrigger
 from ._verdict import Verdict, verdict
@@ -34,6 +37,7 @@ __all__ = [
     "PublishError",
     "PublishNotSupported",
     "Publisher",
+    "Reachability",
     "UnknownConnector",
     "Verdict",
     "available_connectors",

@@ -42,7 +42,13 @@ class Connector(ABC, Generic[ConfigT]):
     @classmethod
     @abstractmethod
     def producer(cls, config: ConfigT) -> SharedStreamProducer:
-        """A new producer for one group's poll; it must connect lazily."""
+        """A new producer for one group's poll; it must connect lazily.
+
+        Beyond the required methods, a producer may say what it did
+        (``counters()``) and whether its broker answers (``broker_problem()``: why it
+        cannot be reached now, or ``None``; ``/readyz`` then reports the stream not
+        ready). A :class:`~acklane.core.connectors.Reachability` keeps the latter.
+        """
 
     @classmethod
     def description(cls, config: ConfigT) -> str:

@@ -355,6 +355,27 @@ class SharedStreamManager:
                 log.exception("producer counters failed key=%r", key)
         return out
 
+    def broker_problems(self) -> dict[Hashable, str]:
+        """Per live group whose broker cannot be reached now, why (its producer's
+        :meth:`~SharedStreamProducer.broker_problem`).
+
+        A producer without the method is left out; one whose method raises is too
+        (at DEBUG: this runs on every heartbeat).
+        """
+        out: dict[Hashable, str] = {}
+        for key, group in self._groups.items():
+            problem_of = getattr(group.producer, "broker_problem", None)
+            if problem_of is None:
+                continue
+            try:
+                problem = problem_of()
+            except Exception:  # a producer's bug must not stop the heartbeat
+                log.debug("producer broker_problem failed key=%r", key, exc_info=True)
+                continue
+            if problem:
+                out[key] = str(problem)
+        return out
+
     def queue_depths(self) -> dict[tuple[Hashable, str], int]:
         """Raw events waiting in each subscriber's queue."""
         return {

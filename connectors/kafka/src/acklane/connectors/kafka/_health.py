@@ -6,7 +6,9 @@ that does not answer made hundreds of identical lines. Here:
 
 - a connection error puts the stream in the *unreachable* state, logged once with
   the servers and the first reason; the next sign of life (cluster metadata, an
-  assignment, a record, a commit) logs *reconnected* once;
+  assignment, a record, a commit) logs *reconnected* once (both kept by a
+  :class:`~acklane.core.connectors.Reachability`, whose problem the producer's
+  ``broker_problem()`` returns for ``/readyz``);
 - other client errors are logged once per error code until the client recovers;
 - authentication and authorisation errors are remembered: the consumer thread
   raises :class:`~acklane.core.errors.BrokerAuthError` on them (the runner stops
@@ -21,6 +23,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError
 
+from acklane.core.connectors import Reachability
 from acklane.core.errors import BrokerAuthError
 
 __all__ = ["AUTH_CODES", "ClientHealth", "QuietClientLog", "auth_error"]
@@ -85,11 +88,17 @@ class ClientHealth:
     def __init__(self, describe: str, servers: str) -> None:
         self.describe = describe
         self.servers = servers
-        #: Why the brokers are unreachable, while they are.
-        self.unreachable: str | None = None
+        #: Whether the brokers answer; written here (consumer thread), its problem read
+        #: from the event loop too (one str attribute).
+        self.reachability = Reachability(describe, "broker", servers, logger=log)
         #: The first authentication or authorisation error, until it is raised.
         self.refused: KafkaError | None = None
         self._told: set[int] = set()
+
+    @property
+    def unreachable(self) -> str | None:
+        """Why the brokers are unreachable, while they are."""
+        return self.reachability.problem
 
     def on_error(self, error: KafkaError) -> None:
         """An ``error_cb`` call: change the state, log only when it changes."""
@@ -104,16 +113,7 @@ class ClientHealth:
                 # connection, or a refusal of the credentials): that one is told
                 log.debug("%s: %s", self.describe, error.str())
                 return
-            if self.unreachable is None:
-                self.unreachable = error.str()
-                log.warning(
-                    "%s: broker unreachable at %s (%s); retrying until it answers",
-                    self.describe,
-                    self.servers,
-                    error.str(),
-                )
-            else:
-                log.debug("%s: still unreachable: %s", self.describe, error.str())
+            self.reachability.failed(error.str())  # librdkafka itself retries
             return
         if code in self._told:
             log.debug("%s: Kafka client error again: %s", self.describe, error.str())
@@ -123,9 +123,7 @@ class ClientHealth:
 
     def alive(self) -> None:
         """The brokers answered (metadata, an assignment, a record, a commit)."""
-        if self.unreachable is not None:
-            log.info("%s: reconnected to %s", self.describe, self.servers)
-            self.unreachable = None
+        self.reachability.answered()
         self._told.clear()
 
 

@@ -335,6 +335,10 @@ class KafkaStreamProducer(SharedStreamProducer):
     def counters(self) -> Mapping[str, float]:
         return {Action(name): count for name, count in asdict(self.stats).items()}
 
+    def broker_problem(self) -> str | None:
+        # written on the consumer thread; one str attribute, read here on the loop
+        return self._health.unreachable
+
     def get_advance_lane(self, broker_payload: Any) -> Hashable:
         delivery: KafkaDelivery = broker_payload
         return delivery.lane

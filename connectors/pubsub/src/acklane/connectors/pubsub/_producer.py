@@ -40,7 +40,7 @@ from collections.abc import (
 )
 from typing import Any, TypeVar
 
-from acklane.core.connectors import Action, Verdict, verdict
+from acklane.core.connectors import Action, Reachability, Verdict, verdict
 from acklane.core.deadletter import (
     ORIGIN_MESSAGE_ID,
     ORIGIN_PREFIX,
@@ -81,8 +81,8 @@ _ACK_CHUNK = 1000
 _T = TypeVar("_T")
 #: Seconds the subscription read at start waits for one answer (then tried again).
 _START_TIMEOUT = 30.0
-#: The longest pause between two tries at an unreachable endpoint (seconds).
-_UNREACHABLE_MAX_PAUSE = 30.0
+#: Where the client connects without an emulator or endpoint setting.
+_DEFAULT_ENDPOINT = "pubsub.googleapis.com:443"
 #: Pub/Sub's limit of attributes per message.
 _MAX_ATTRIBUTES = 100
 #: Assumed when the subscription cannot be read: the service's shortest ack deadline.
@@ -145,9 +145,10 @@ class PubSubStreamProducer(SharedStreamProducer):
         self._lot_key: tuple[Hashable, ...] = tuple(config.stream_key())
         #: Ack ids pulled but not yet handed out by ``open_stream`` (the rest of a batch).
         self._unyielded: set[str] = set()
-        # The endpoint stopped answering at (monotonic), told once; the next pause.
-        self._unreachable_since: float | None = None
-        self._unreachable_pause = 1.0
+        # Whether the endpoint answers, told once per change (broker_problem, /readyz).
+        self._reachability = Reachability(
+            config.describe(), "Pub/Sub endpoint", config.where or _DEFAULT_ENDPOINT, logger=log
+        )
 
     # ------------------------------------------------------------------ start
 
@@ -254,9 +255,10 @@ class PubSubStreamProducer(SharedStreamProducer):
                     raise refused from exc
                 if not is_unreachable(exc):
                     raise
-                await self._wait_unreachable(exc)  # told once; the stream goes on
+                # told once; the stream goes on
+                await self._reachability.wait(_unreachable_reason(exc))
                 continue
-            self._tell_reachable()
+            self._reachability.answered()
             if not batch:
                 empty += 1
                 await asyncio.sleep(min(0.02 * 2**empty, 0.5))
@@ -600,6 +602,9 @@ class PubSubStreamProducer(SharedStreamProducer):
 
     # ------------------------------------------------------------- counters
 
+    def broker_problem(self) -> str | None:
+        return self._reachability.problem
+
     def counters(self) -> Mapping[str, float]:
         return {
             Action.DELIVERED: self.delivered,
@@ -641,35 +646,16 @@ class PubSubStreamProducer(SharedStreamProducer):
             except Exception as exc:
                 if not is_unreachable(exc):
                     raise
-                await self._wait_unreachable(exc)
+                await self._reachability.wait(_unreachable_reason(exc))
                 continue
-            self._tell_reachable()
+            self._reachability.answered()
             return result
 
-    async def _wait_unreachable(self, exc: BaseException) -> None:
-        """The endpoint did not answer: tell it once (not per attempt), pause, go on."""
-        if self._unreachable_since is None:
-            self._unreachable_since = time.monotonic()
-            self._unreachable_pause = 1.0
-            log.warning(
-                "%s: Pub/Sub endpoint unreachable (%s: %s); retrying until it answers",
-                self.config.describe(),
-                _code(exc),
-                " ".join(str(getattr(exc, "message", None) or exc).split()),
-            )
-        else:
-            log.debug("%s: Pub/Sub endpoint still unreachable: %s", self.config.describe(), exc)
-        await asyncio.sleep(self._unreachable_pause)
-        self._unreachable_pause = min(self._unreachable_pause * 2, _UNREACHABLE_MAX_PAUSE)
 
-    def _tell_reachable(self) -> None:
-        if self._unreachable_since is not None:
-            log.info(
-                "%s: Pub/Sub endpoint reachable again after %.0fs",
-                self.config.describe(),
-                time.monotonic() - self._unreachable_since,
-            )
-            self._unreachable_since = None
+def _unreachable_reason(exc: BaseException) -> str:
+    """``"UNAVAILABLE: <the message>"``: why the endpoint did not answer, one line."""
+    message = " ".join(str(getattr(exc, "message", None) or exc).split())
+    return f"{_code(exc)}: {message}"
 
 
 def _code(exc: BaseException) -> str:

@@ -21,7 +21,7 @@ from azure.servicebus.exceptions import (
     SessionLockLostError,
 )
 
-from acklane.core.connectors import Action, Verdict, verdict
+from acklane.core.connectors import Action, Reachability, Verdict, verdict
 from acklane.core.deadletter import bounded_text, outcome_reason
 from acklane.core.errors import BrokerAuthError, ConnectorError
 from acklane.core.message import RawMessage
@@ -37,8 +37,6 @@ log = logging.getLogger("acklane.connectors.servicebus")
 #: Service Bus limits a DeadLetterErrorDescription to 4096 characters; keep well under.
 _DESCRIPTION_MAX_BYTES = 1024
 _LOCK_LOST = (MessageLockLostError, SessionLockLostError)
-#: The longest pause between two tries at an unreachable namespace (seconds).
-_UNREACHABLE_MAX_PAUSE = 30.0
 #: Settlements sent at once (concurrently) by one flush pass.
 _SETTLE_CONCURRENCY = 64
 #: Queued settlements past which ``advance`` waits for a flush (back-pressure).
@@ -148,9 +146,10 @@ class ServiceBusStreamProducer(SharedStreamProducer):
         self._failure: BaseException | None = None
         self._opened = False
         self._closed = False
-        # The namespace stopped answering at (monotonic), told once; the next pause.
-        self._unreachable_since: float | None = None
-        self._unreachable_pause = 1.0
+        # Whether the namespace answers, told once per change (broker_problem, /readyz).
+        self._reachability = Reachability(
+            config.describe(), "Service Bus namespace", config.namespace, logger=log
+        )
 
     # ------------------------------------------------------------------ stream
 
@@ -211,9 +210,9 @@ class ServiceBusStreamProducer(SharedStreamProducer):
                     try:
                         await self._one_session()
                     except UNREACHABLE as exc:
-                        await self._wait_unreachable(exc)
+                        await self._reachability.wait(exc)
                         continue
-                    self._tell_reachable()
+                    self._reachability.answered()
             else:
                 # Closed by aclose, after its last settlements: not when this task ends.
                 receiver = self._receiver(session=False)
@@ -223,16 +222,16 @@ class ServiceBusStreamProducer(SharedStreamProducer):
                         await receiver.__aenter__()
                         break
                     except UNREACHABLE as exc:
-                        await self._wait_unreachable(exc)
+                        await self._reachability.wait(exc)
                 while True:
                     try:
                         await self._receive_batch(receiver, None)
                     except UNREACHABLE as exc:
                         # not the group's failure: the namespace comes back, the SDK
                         # reconnects on the next receive
-                        await self._wait_unreachable(exc)
+                        await self._reachability.wait(exc)
                         continue
-                    self._tell_reachable()
+                    self._reachability.answered()
         except asyncio.CancelledError:
             raise
         except BaseException as exc:
@@ -241,30 +240,6 @@ class ServiceBusStreamProducer(SharedStreamProducer):
                 refused.__cause__ = exc
                 exc = refused  # the runner stops on it, with one line
             self._fail(exc)
-
-    async def _wait_unreachable(self, exc: BaseException) -> None:
-        """The namespace did not answer: tell it once (not per attempt), pause, go on."""
-        if self._unreachable_since is None:
-            self._unreachable_since = time.monotonic()
-            self._unreachable_pause = 1.0
-            log.warning(
-                "%s: Service Bus namespace unreachable (%s); retrying until it answers",
-                self.config.describe(),
-                " ".join(str(exc).split()),
-            )
-        else:
-            log.debug("%s: still unreachable: %s", self.config.describe(), exc)
-        await asyncio.sleep(self._unreachable_pause)
-        self._unreachable_pause = min(self._unreachable_pause * 2, _UNREACHABLE_MAX_PAUSE)
-
-    def _tell_reachable(self) -> None:
-        if self._unreachable_since is not None:
-            log.info(
-                "%s: Service Bus namespace reachable again after %.0fs",
-                self.config.describe(),
-                time.monotonic() - self._unreachable_since,
-            )
-            self._unreachable_since = None
 
     async def _one_session(self) -> None:
         receiver = self._receiver(session=True)
@@ -406,6 +381,9 @@ class ServiceBusStreamProducer(SharedStreamProducer):
     @property
     def outstanding(self) -> int:
         return len(self._outstanding)
+
+    def broker_problem(self) -> str | None:
+        return self._reachability.problem
 
     def counters(self) -> Mapping[str, float]:
         return {

@@ -21,7 +21,7 @@ from aiobotocore.config import AioConfig
 from botocore.exceptions import ClientError, ReadTimeoutError
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
-from acklane.core.connectors import Action, Verdict, verdict
+from acklane.core.connectors import Action, Reachability, Verdict, verdict
 from acklane.core.deadletter import (
     ORIGIN_MESSAGE_ID,
     ORIGIN_QUEUE,
@@ -74,8 +74,6 @@ _RECEIVE_GRACE = 5.0
 #: SQS's words when a message or batch is too large (the codes vary by endpoint).
 #: The endpoint did not answer (botocore retried already): wait, the stream goes on.
 _UNREACHABLE = (BotoConnectionError, ReadTimeoutError)
-#: The longest pause between two tries at an unreachable endpoint (seconds).
-_UNREACHABLE_MAX_PAUSE = 30.0
 _SIZE_CODES = frozenset({"BatchRequestTooLong", "MessageTooLong", "RequestEntityTooLarge"})
 _SIZE_WORDS = re.compile(r"shorter than|longer than|too (?:long|large|big)|exceed", re.IGNORECASE)
 
@@ -261,9 +259,11 @@ class SqsStreamProducer(SharedStreamProducer):
         self._failure: BaseException | None = None
         self._opened = False
         self._closed = False
-        # The endpoint stopped answering at (monotonic), told once; the next pause.
-        self._unreachable_since: float | None = None
-        self._unreachable_pause = 1.0
+        # Whether the endpoint answers, told once per change (broker_problem, /readyz);
+        # its address is the client's, once the client exists.
+        self._reachability = Reachability(
+            config.describe(), "SQS endpoint", config.endpoint_url or "AWS", logger=log
+        )
 
     # ------------------------------------------------------------------ stream
 
@@ -324,6 +324,9 @@ class SqsStreamProducer(SharedStreamProducer):
     def total_api_calls(self) -> int:
         return sum(self.api_calls.values())
 
+    def broker_problem(self) -> str | None:
+        return self._reachability.problem
+
     def counters(self) -> Mapping[str, float]:
         return {
             Action.DELETED: self.deleted,
@@ -369,6 +372,7 @@ class SqsStreamProducer(SharedStreamProducer):
                 f"{cfg.describe()}: cannot create the SQS client: {exc}"
             ) from exc
         self._client.meta.events.register("before-send.sqs", self._count_request)
+        self._reachability.where = str(self._client.meta.endpoint_url)
 
         while True:
             try:
@@ -378,8 +382,8 @@ class SqsStreamProducer(SharedStreamProducer):
                 attributes = await self._queue_attributes(self.queue_url, cfg)
                 break
             except _UNREACHABLE as exc:
-                await self._wait_unreachable(exc)
-        self._tell_reachable()
+                await self._reachability.wait(exc)
+        self._reachability.answered()
         self.queue_arn = attributes.get("QueueArn")
         self._identity = self.queue_arn or self.queue_url
         self._lot_key = (*cfg.stream_key(), self.queue_url)
@@ -529,9 +533,9 @@ class SqsStreamProducer(SharedStreamProducer):
             raise
         except _UNREACHABLE as exc:
             # Not the group's failure: the endpoint comes back, and nothing is in flight.
-            await self._wait_unreachable(exc)
+            await self._reachability.wait(exc)
             return []
-        self._tell_reachable()
+        self._reachability.answered()
         if not received and self.config.wait_time_seconds == 0:
             await asyncio.sleep(_EMPTY_SHORT_POLL_PAUSE)
         return received
@@ -1195,30 +1199,6 @@ class SqsStreamProducer(SharedStreamProducer):
         )
 
     # --------------------------------------------------------------- internals
-
-    async def _wait_unreachable(self, exc: BaseException) -> None:
-        """The endpoint did not answer: tell it once (not per attempt), pause, go on."""
-        if self._unreachable_since is None:
-            self._unreachable_since = time.monotonic()
-            self._unreachable_pause = 1.0
-            log.warning(
-                "%s: SQS endpoint unreachable (%s); retrying until it answers",
-                self.config.describe(),
-                exc,
-            )
-        else:
-            log.debug("%s: SQS endpoint still unreachable: %s", self.config.describe(), exc)
-        await asyncio.sleep(self._unreachable_pause)
-        self._unreachable_pause = min(self._unreachable_pause * 2, _UNREACHABLE_MAX_PAUSE)
-
-    def _tell_reachable(self) -> None:
-        if self._unreachable_since is not None:
-            log.info(
-                "%s: SQS endpoint reachable again after %.0fs",
-                self.config.describe(),
-                time.monotonic() - self._unreachable_since,
-            )
-            self._unreachable_since = None
 
     def _fail(self, exc: BaseException) -> None:
         log.error("SQS queue %s: %s; the group will fail", self.queue_url, exc)
