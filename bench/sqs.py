@@ -214,11 +214,13 @@ def report(results: list[Result]) -> None:
             f"{r.calls_per_message:>10.3f}"
         )
     worst = max(r.calls_per_message for r in results[1:])
-    verdict = "meets" if worst <= TARGET_CALLS_PER_MESSAGE else "MISSES"
+    verdict = "PASS" if worst <= TARGET_CALLS_PER_MESSAGE else "MISS"
     print(
-        f"acklane {verdict} the target of <= {TARGET_CALLS_PER_MESSAGE} calls/message "
-        f"(worst {worst:.3f})"
+        f"{verdict} acklane SQS calls/message = {worst:.3f} at worst "
+        f"(target <= {TARGET_CALLS_PER_MESSAGE})"
     )
+    engine = results[-1]
+    print(f"acklane engine / bare loop = {engine.rate / base.rate:.2f} (messages/s)")
 
 
 async def main(args: argparse.Namespace) -> None:

@@ -1,0 +1,168 @@
+"""Persisted throughput and memory of ``acklane run`` (the real CLI, in a subprocess) on Kafka.
+
+Throughput: ``--messages`` JSON messages are produced to a 4-partition topic on the
+Kafka emulator first; then ``acklane run`` starts on a YAML pipeline with 3 watchers
+(each fires once per message, the whole message decoded) and a real event store
+(SQLite in a temporary directory; PostgreSQL at ``ACKLANE_BENCH_PG_URL``, default
+``postgresql://postgres@127.0.0.1:5432/test``, in a fresh schema). Trigger events/s
+is read from the store: rows over the span of their ``created_at`` (commit times),
+so the group join and the start-up are not counted. Targets: at least 50,000 trigger
+events/s to SQLite and 30,000 to PostgreSQL (PASS/MISS).
+
+Memory: ``acklane run`` with 20 watchers (SQLite) over ``--rss-messages`` messages
+each (default 100k, 300k and 1M): every message goes to all 20 filters, each firing
+for one message in a thousand. The peak RSS of the process (``VmHWM``) after the
+last one is reported for each size; bounded memory means about the same figure
+whatever the size (the check compares the two largest runs: the first 200k or so
+messages warm the process up), and the RSS at each tenth of the largest run shows
+the plateau. librdkafka's own prefetch is bounded to 10,000 records per
+partition there (``queued.min.messages``; its default, 100,000, lets the client's
+buffer alone grow with the backlog up to 400,000 records on 4 partitions).
+
+    uv run python bench/runner.py
+    uv run python bench/runner.py --messages 50000 --stores sqlite --rss-messages 100000 300000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from _pipeline import Runner, adapter_for, started_emulator, store_for, wait_for, write_config
+
+TARGETS = {"sqlite": 50_000, "postgres": 30_000}
+PREFETCH = 10_000  # librdkafka's queued.min.messages in the memory runs
+
+
+def produce(adapter: Any, total: int, body: Any) -> float:
+    started = time.monotonic()
+    for start in range(0, total, 50_000):
+        adapter.produce([json.dumps(body(i)) for i in range(start, min(total, start + 50_000))])
+    return time.monotonic() - started
+
+
+def throughput(emulator: Any, kind: str, messages: int, timeout: float) -> tuple[int, float]:
+    """Trigger events committed and the seconds they took (3 watchers, one store)."""
+    adapter = adapter_for("kafka", emulator)
+    try:
+        produce(adapter, messages, lambda i: {"n": i})
+        with tempfile.TemporaryDirectory(prefix=f"runner-{kind}-") as tmp:
+            workdir = Path(tmp)
+            store = store_for(kind, workdir)
+            try:
+                watchers = [{"name": f"w{i}", "asset": f"a{i}"} for i in range(3)]
+                config = write_config(workdir, adapter.stream_block(), store.url, watchers)
+                runner = Runner(config, workdir / "run.log")
+                runner.start()
+                try:
+                    wait_for(store, 3 * messages, runner, timeout)
+                    return store.span()
+                finally:
+                    runner.stop()
+            finally:
+                store.close()
+    finally:
+        adapter.close()
+
+
+def peak_rss(emulator: Any, messages: int, timeout: float) -> tuple[float, float, list[float]]:
+    """Peak RSS (MiB) of acklane run with 20 watchers over ``messages``, its seconds, and
+    its RSS when each tenth of the messages was done."""
+    adapter = adapter_for("kafka", emulator)
+    try:
+        produce(adapter, messages, lambda i: {"n": i, "k": i % 1000})
+        with tempfile.TemporaryDirectory(prefix="runner-rss-") as tmp:
+            workdir = Path(tmp)
+            store = store_for("sqlite", workdir)
+            try:
+                watchers = [
+                    {"name": f"w{j}", "asset": f"a{j}", "filter": {"match": {"body.k": j}}}
+                    for j in range(20)
+                ]
+                stream = adapter.stream_block()
+                # librdkafka prefetches up to queued.min.messages records per partition
+                # (100,000 by default): its buffer alone would grow with the backlog up
+                # to 400,000 records on 4 partitions. Bounded lower, what is left to
+                # grow is acklane's.
+                stream["client"] = {**stream["client"], "queued.min.messages": PREFETCH}
+                config = write_config(workdir, stream, store.url, watchers)
+                runner = Runner(config, workdir / "run.log")
+                runner.start()
+                try:
+                    started = time.monotonic()
+                    rows = 20 * (messages // 1000)
+                    tenths: list[float] = []
+
+                    def sample(count: int) -> None:
+                        while len(tenths) < 10 * count // rows:
+                            tenths.append(runner.rss_mb())
+
+                    # every watcher fires for the messages whose k is its number
+                    wait_for(store, rows, runner, timeout, sample)
+                    tenths.append(runner.rss_mb())
+                    return runner.peak_rss_mb(), time.monotonic() - started, tenths[-10:]
+                finally:
+                    runner.stop()
+            finally:
+                store.close()
+    finally:
+        adapter.close()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--messages", type=int, default=100_000)
+    parser.add_argument("--stores", nargs="*", default=["sqlite", "postgres"])
+    parser.add_argument(
+        "--rss-messages", type=int, nargs="*", default=[100_000, 300_000, 1_000_000]
+    )
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per run at most")
+    args = parser.parse_args()
+
+    verdicts = []
+    with started_emulator("kafka") as emulator:
+        print(f"throughput: {args.messages:,} messages, 3 watchers, 1 trigger event each")
+        print(f"{'store':<9} {'events':>9} {'seconds':>8} {'events/s':>10} {'target':>8}")
+        for kind in args.stores:
+            events, seconds = throughput(emulator, kind, args.messages, args.timeout)
+            rate = events / seconds if seconds > 0 else float("nan")
+            target = TARGETS.get(kind, 0)
+            print(f"{kind:<9} {events:>9,} {seconds:>8.2f} {rate:>10,.0f} {target:>8,}", flush=True)
+            verdicts.append(
+                f"{'PASS' if rate >= target else 'MISS'} Kafka -> {kind}: {rate:,.0f} trigger "
+                f"events/s (target >= {target:,})"
+            )
+        if args.rss_messages:
+            print("\npeak RSS of acklane run, 20 watchers (SQLite)")
+            print(f"{'messages':>10} {'peak RSS MiB':>13} {'seconds':>8}")
+            peaks = []
+            tenths: list[float] = []
+            for n in args.rss_messages:
+                rss, seconds, tenths = peak_rss(emulator, n, args.timeout)
+                peaks.append(rss)
+                print(f"{n:>10,} {rss:>13.1f} {seconds:>8.1f}", flush=True)
+            print(
+                f"RSS (MiB) of the {args.rss_messages[-1]:,}-message run at each tenth of it: "
+                + " ".join(f"{m:.0f}" for m in tenths)
+            )
+            if len(peaks) > 1:
+                # the first ~200k messages warm the process up (allocator arenas, caches):
+                # flat means the two largest runs peak alike
+                growth = peaks[-1] / peaks[-2]
+                verdicts.append(
+                    f"{'PASS' if growth < 1.15 else 'MISS'} peak RSS from "
+                    f"{args.rss_messages[-2]:,} to {args.rss_messages[-1]:,} messages: "
+                    f"x{growth:.2f} (flat: under x1.15)"
+                )
+    print()
+    for line in verdicts:
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
