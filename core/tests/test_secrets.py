@@ -408,3 +408,36 @@ def test_the_validate_summary_of_the_reviewers_report(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "events stored in postgresql://postgres:***@db.example:5432/acklane" in result.stdout
     assert MARKER not in result.stdout
+
+
+#: The commands added with the production round, on the error paths the planted file
+#: reaches (every broker and the store refuse connections): validate --connect, events
+#: prune, publish through each broker's stream.
+NEWER_COMMANDS = [
+    ["validate", "--connect", "--timeout", "2", "{cfg}"],
+    ["validate", "--connect", "--timeout", "2", "--format", "json", "{cfg}"],
+    ["events", "prune", "--config", "{cfg}", "--dry-run"],
+    ["publish", "{cfg}", "m", "hello"],
+    ["publish", "{cfg}", "q", "hello"],
+]
+
+
+@pytest.mark.parametrize(("level", "log_format"), [("DEBUG", "text"), ("DEBUG", "json")])
+def test_the_newer_commands_print_no_secret(tmp_path: Path, level: str, log_format: str) -> None:
+    configs = _configs(tmp_path)
+    said: list[str] = []
+    for cfg in configs.values():
+        for command in NEWER_COMMANDS:
+            args = [a.replace("{cfg}", str(cfg)) for a in command]
+            result = CliRunner().invoke(
+                app, ["--log-level", level, "--log-format", log_format, *args]
+            )
+            output = result.stdout + result.stderr
+            assert result.exception is None or isinstance(result.exception, SystemExit), (
+                args,
+                output,
+            )
+            assert not _leaks(output), (args, _leaks(output), output)
+            said.append(output)
+    # they did report the failures (with the secrets masked), not nothing
+    assert any("***" in text for text in said)
