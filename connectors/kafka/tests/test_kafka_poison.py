@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import textwrap
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from acklane.core.config import AcklaneConfig, load_config
+from acklane.core.config import AcklaneConfig
 from acklane.core.deadletter import ORIGIN_OFFSET, ORIGIN_TOPIC, REJECT_REASON
-from acklane.core.events import EventStore
 from acklane.core.runner import Runner
 from acklane.integration.kafka import KafkaKit
+from acklane.integration.testing import ORDERS, fired_ids, poison_pipeline, run_until
 
 FILTERS = """\
 from acklane.core import RawMessage, reject_shared_stream_event
@@ -44,78 +44,35 @@ def pipeline(
     max_attempts: int,
     backoff: float = 0.05,
 ) -> AcklaneConfig:
-    package = tmp_path / "kafkapoison"
-    package.mkdir(exist_ok=True)
-    (package / "__init__.py").write_text("")
-    (package / "filters.py").write_text(FILTERS)
-    path = tmp_path / "pipeline.yaml"
-    path.write_text(
-        textwrap.dedent(
-            f"""\
-            engine:
-              ack_timeout: 20
-              restart_backoff_initial: {backoff}
-              restart_backoff_max: {max(backoff, 0.2)}
-              shutdown_timeout: 5
-            store:
-              url: sqlite:///{tmp_path / "events.db"}
-            streams:
-              orders:
-                connector: kafka
-                bootstrap_servers: {kafka_kit.bootstrap_servers}
-                topics: [{topic}]
-                group_id: {group}
-                dlq_topic: {dlq}
-                poll_timeout: 0.05
-                max_attempts: {max_attempts}
-                client:
-                  session.timeout.ms: {KafkaKit.FAST_GROUP["session.timeout.ms"]}
-                  heartbeat.interval.ms: {KafkaKit.FAST_GROUP["heartbeat.interval.ms"]}
-                  fetch.wait.max.ms: {KafkaKit.FAST_GROUP["fetch.wait.max.ms"]}
-            watchers:
-              - name: big-orders
-                stream: orders
-                filter: {{function: "kafkapoison.filters:big_orders"}}
-            """
-        )
+    stream = f"""\
+        bootstrap_servers: {kafka_kit.bootstrap_servers}
+        topics: [{topic}]
+        group_id: {group}
+        dlq_topic: {dlq}
+        poll_timeout: 0.05
+        max_attempts: {max_attempts}
+        client:
+          session.timeout.ms: {KafkaKit.FAST_GROUP["session.timeout.ms"]}
+          heartbeat.interval.ms: {KafkaKit.FAST_GROUP["heartbeat.interval.ms"]}
+          fetch.wait.max.ms: {KafkaKit.FAST_GROUP["fetch.wait.max.ms"]}
+        """
+    return poison_pipeline(
+        tmp_path, "kafka", stream, package="kafkapoison", filters=FILTERS, backoff=backoff
     )
-    return load_config(path)
 
 
 def orders(kafka_kit: KafkaKit, topic: str) -> None:
-    bodies = [{"id": 1, "amount": 150}, {"id": 2}, {"id": 3, "amount": 300}, {"id": 4, "amount": 5}]
-    kafka_kit.produce(topic, [json.dumps(b).encode() for b in bodies], partition=0)
+    kafka_kit.produce(topic, [json.dumps(b).encode() for b in ORDERS], partition=0)
 
 
-async def run_until(runner: Runner, done: object, timeout: float = 60.0) -> None:
-    """Run ``runner`` until ``done()`` (sync or async) holds, then stop it."""
-    task = asyncio.create_task(runner.run())
-    try:
-        async with asyncio.timeout(timeout):
-            while True:
-                result = done()  # type: ignore[operator]
-                if asyncio.iscoroutine(result):
-                    result = await result
-                if result:
-                    break
-                assert not task.done(), task.exception()
-                await asyncio.sleep(0.1)
-    finally:
-        runner.request_stop()
-        await task
-
-
-def committed_to(kafka_kit: KafkaKit, group: str, topic: str, end: int) -> object:
+def committed_to(
+    kafka_kit: KafkaKit, group: str, topic: str, end: int
+) -> Callable[[], Awaitable[bool]]:
     async def check() -> bool:
         offsets = await asyncio.to_thread(kafka_kit.committed, group, topic, 1)
         return offsets == {0: end}
 
     return check
-
-
-async def stored_ids(db: Path) -> list[int]:
-    async with EventStore(f"sqlite:///{db}") as store:
-        return sorted(e.payload["id"] for e in await store.list_events(limit=1000))
 
 
 def failures(runner: Runner) -> int:
@@ -138,7 +95,7 @@ async def test_a_poison_record_is_dead_lettered_after_max_attempts_and_the_parti
     assert headers[REJECT_REASON] == REASON.format(n=2)
     assert headers[ORIGIN_TOPIC] == topic and headers[ORIGIN_OFFSET] == "1"
     # the records behind it were processed; the poison one never fired
-    assert await stored_ids(tmp_path / "events.db") == [1, 3]
+    assert await fired_ids(tmp_path / "events.db") == [1, 3]
     (book,) = runner.poison.streams().values()
     assert (book.failures, book.poisoned, book.restarts) == (2, 1, 2)
 
@@ -164,4 +121,4 @@ async def test_the_attempt_count_of_a_kafka_record_survives_a_restart_of_the_run
     [copy] = await asyncio.to_thread(kafka_kit.read, dlq, 1)
     headers = {name: (value or b"").decode() for name, value in copy.headers() or []}
     assert headers[REJECT_REASON] == REASON.format(n=3)
-    assert await stored_ids(tmp_path / "events.db") == [1, 3]
+    assert await fired_ids(tmp_path / "events.db") == [1, 3]

@@ -16,113 +16,31 @@ user starts it:
 from __future__ import annotations
 
 import contextlib
-import os
-import queue
-import signal
 import socket
-import subprocess
-import sys
-import textwrap
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from acklane.integration.emulator import free_port
 from acklane.integration.kafka import KafkaKit
-
-
-class Run:
-    """``acklane run CONFIG`` in a subprocess; its log lines as they come."""
-
-    def __init__(self, cfg: Path) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "acklane.core.cli", "run", str(cfg)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env={**os.environ, "ACKLANE_LOG_FORMAT": "text", "COLUMNS": "200"},
-        )
-        self.lines: list[str] = []
-        self._queue: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self._queue.put(line.rstrip("\n"))
-        self._queue.put(None)
-
-    def wait_for(self, text: str, timeout: float = 90) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                line = self._queue.get(timeout=0.5)
-            except queue.Empty:
-                continue
-            if line is None:
-                break
-            self.lines.append(line)
-            if text in line:
-                return line
-        raise AssertionError(f"{text!r} never came:\n" + "\n".join(self.lines))
-
-    def finish(self, timeout: float = 60) -> int:
-        code = self.proc.wait(timeout=timeout)
-        while (line := self._queue.get(timeout=5)) is not None:
-            self.lines.append(line)
-        return code
-
-    def stop(self) -> int:
-        self.proc.send_signal(signal.SIGINT)
-        return self.finish()
-
-    @property
-    def output(self) -> str:
-        return "\n".join(self.lines)
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+from acklane.integration.testing import AcklaneRun, write_pipeline
 
 
 def _pipeline(tmp_path: Path, stream: str) -> Path:
-    cfg = tmp_path / "pipeline.yaml"
-    cfg.write_text(
-        f'store: {{url: "sqlite:///{tmp_path}/events.db"}}\n'
-        "engine: {shutdown_timeout: 5}\n"
-        "streams:\n  orders:\n    connector: kafka\n"
-        + textwrap.indent(textwrap.dedent(stream), "    ")
-        + "watchers:\n  - {name: all, stream: orders}\n"
-    )
-    return cfg
+    return write_pipeline(tmp_path, "kafka", stream)
 
 
-@pytest.fixture
-def run_of(tmp_path: Path) -> Iterator[list[Run]]:
-    runs: list[Run] = []
-    yield runs
-    for run in runs:
-        run.kill()
-
-
-def test_an_unreachable_broker_is_told_once_and_the_stop_is_quick(
-    tmp_path: Path, run_of: list[Run]
-) -> None:
+def test_an_unreachable_broker_is_told_once_and_the_stop_is_quick(tmp_path: Path) -> None:
     port = free_port()  # nothing listens there
     cfg = _pipeline(
         tmp_path, f"bootstrap_servers: 127.0.0.1:{port}\ntopics: [orders]\ngroup_id: g\n"
     )
-    run = Run(cfg)
-    run_of.append(run)
-    line = run.wait_for("broker unreachable")
-    assert f"at 127.0.0.1:{port}" in line
-    assert "Connection refused" in line
-    time.sleep(4)  # librdkafka retries (and calls error_cb) several times meanwhile
-    assert run.stop() == 0, run.output
+    with AcklaneRun(cfg) as run:
+        line = run.wait_for("broker unreachable")
+        assert f"at 127.0.0.1:{port}" in line
+        assert "Connection refused" in line
+        time.sleep(4)  # librdkafka retries (and calls error_cb) several times meanwhile
+        assert run.stop() == 0, run.output
     out = run.output
     assert out.count("broker unreachable") == 1, out
     assert "Connection refused" not in out.replace(line, "")  # no repeat, no librdkafka copy
@@ -173,7 +91,7 @@ class _Proxy:
 
 
 def test_reconnected_is_told_once_when_the_cluster_comes_back(
-    tmp_path: Path, run_of: list[Run], kafka_kit: KafkaKit
+    tmp_path: Path, kafka_kit: KafkaKit
 ) -> None:
     topic = kafka_kit.new_topic("reconnect")
     host, _, port = kafka_kit.bootstrap_servers.rpartition(":")
@@ -184,16 +102,15 @@ def test_reconnected_is_told_once_when_the_cluster_comes_back(
         f"group_id: {KafkaKit.unique('g')}\n"
         "client: {reconnect.backoff.max.ms: 500}\n",
     )
-    run = Run(cfg)
-    run_of.append(run)
-    try:
-        run.wait_for("broker unreachable")
-        proxy.start()
-        run.wait_for("reconnected to")
-        run.wait_for("Kafka consumer subscribed")
-    finally:
-        proxy.close()
-    assert run.stop() == 0, run.output
+    with AcklaneRun(cfg) as run:
+        try:
+            run.wait_for("broker unreachable")
+            proxy.start()
+            run.wait_for("reconnected to")
+            run.wait_for("Kafka consumer subscribed")
+        finally:
+            proxy.close()
+        assert run.stop() == 0, run.output
     out = run.output
     assert out.count("broker unreachable") == 1, out
     assert out.count("reconnected to") == 1, out
@@ -201,7 +118,7 @@ def test_reconnected_is_told_once_when_the_cluster_comes_back(
 
 
 def test_a_refused_sasl_login_stops_acklane_with_exit_1_and_one_line(
-    tmp_path: Path, run_of: list[Run], kafka_kit: KafkaKit
+    tmp_path: Path, kafka_kit: KafkaKit
 ) -> None:
     cfg = _pipeline(
         tmp_path,
@@ -215,12 +132,10 @@ def test_a_refused_sasl_login_stops_acklane_with_exit_1_and_one_line(
         sasl_password: "Secr3tSasl"
         """,
     )
-    run = Run(cfg)
-    run_of.append(run)
-    code = run.finish(timeout=90)  # it stops by itself
-    out = run.output
+    with AcklaneRun(cfg) as run:
+        code = run.finish(timeout=90)  # it stops by itself
+    out, errors = run.output, run.errors
     assert code == 1, out
-    errors = [line for line in out.splitlines() if " ERROR " in line]
     assert len(errors) == 1, out
     (line,) = errors
     assert "stream orders: Kafka authentication failed" in line

@@ -9,35 +9,21 @@ Offline (no --connect): an ``ssl_*_location`` file that does not exist.
 from __future__ import annotations
 
 import json
-import textwrap
 from pathlib import Path
 from typing import Any
 
-from typer.testing import CliRunner
-
-from acklane.core.cli import app
 from acklane.integration.emulator import free_port
 from acklane.integration.kafka import KafkaKit
-
-runner = CliRunner()
+from acklane.integration.testing import stream_check, validate_json, write_pipeline
 
 
 def _validate(tmp_path: Path, stream: str, *options: str) -> tuple[int, dict[str, Any]]:
-    cfg = tmp_path / "pipeline.yaml"
-    cfg.write_text(
-        f'store: {{url: "sqlite:///{tmp_path}/events.db"}}\n'
-        "streams:\n  orders:\n    connector: kafka\n"
-        + textwrap.indent(textwrap.dedent(stream), "    ")
-        + "watchers:\n  - {name: all, stream: orders}\n"
-    )
-    result = runner.invoke(
-        app, ["validate", "--format", "json", "--timeout", "5", *options, str(cfg)]
-    )
-    return result.exit_code, json.loads(result.stdout)
+    code, document = validate_json(write_pipeline(tmp_path, "kafka", stream), *options)
+    return code, document
 
 
 def _stream_check(document: dict[str, Any]) -> dict[str, Any]:
-    (check,) = [c for c in document["checks"] if c["target"] == "stream orders"]
+    check = stream_check(document)
     assert check["setting"] == "streams.orders"
     return check
 

@@ -11,11 +11,6 @@ service answers: the official client reads them as it would Google's, and
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import textwrap
 import time
 from collections.abc import Iterator
 from concurrent import futures
@@ -29,20 +24,13 @@ from acklane.core.checks import CheckResult, run_checks
 from acklane.core.config import load_config
 from acklane.integration.emulator import Emulator, free_port
 from acklane.integration.pubsub import PubSubKit
+from acklane.integration.testing import AcklaneRun, write_pipeline
 
 pytestmark = pytest.mark.filterwarnings("ignore:The return_immediately flag:DeprecationWarning")
 
 
 def _pipeline(tmp_path: Path, stream: str) -> Path:
-    cfg = tmp_path / "pipeline.yaml"
-    cfg.write_text(
-        f'store: {{url: "sqlite:///{tmp_path}/events.db"}}\n'
-        "engine: {shutdown_timeout: 5}\n"
-        "streams:\n  orders:\n    connector: pubsub\n"
-        + textwrap.indent(textwrap.dedent(stream), "    ")
-        + "watchers:\n  - {name: all, stream: orders}\n"
-    )
-    return cfg
+    return write_pipeline(tmp_path, "pubsub", stream)
 
 
 async def _check(tmp_path: Path, stream: str) -> CheckResult:
@@ -134,30 +122,15 @@ async def test_connect_to_an_endpoint_that_refuses(
     assert "(check streams.orders." in check.detail
 
 
-def _run(cfg: Path) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "acklane.core.cli", "run", str(cfg)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "ACKLANE_LOG_FORMAT": "text", "COLUMNS": "200"},
-    )
-
-
 def test_run_against_an_endpoint_that_refuses_stops_with_exit_1(
     tmp_path: Path, refusing_endpoint: tuple[str, str]
 ) -> None:
     host, code = refusing_endpoint
-    proc = _run(
-        _pipeline(tmp_path, f"project: p\nemulator_host: {host}\nsubscription: orders-sub\n")
-    )
-    try:
-        out = proc.communicate(timeout=120)[0]  # it stops by itself
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 1, out
-    errors = [line for line in out.splitlines() if " ERROR " in line]
+    cfg = _pipeline(tmp_path, f"project: p\nemulator_host: {host}\nsubscription: orders-sub\n")
+    with AcklaneRun(cfg) as run:
+        exit_code = run.finish(timeout=120)  # it stops by itself
+    out, errors = run.output, run.errors
+    assert exit_code == 1, out
     assert len(errors) == 1, out
     assert "stream orders: Pub/Sub" in errors[0] and code in errors[0]
     assert "(check streams.orders." in errors[0]
@@ -165,26 +138,15 @@ def test_run_against_an_endpoint_that_refuses_stops_with_exit_1(
 
 
 def test_run_against_an_unreachable_endpoint_tells_it_once(tmp_path: Path) -> None:
-    proc = _run(
-        _pipeline(
-            tmp_path,
-            f"project: p\nemulator_host: 127.0.0.1:{free_port()}\nsubscription: orders-sub\n",
-        )
+    cfg = _pipeline(
+        tmp_path, f"project: p\nemulator_host: 127.0.0.1:{free_port()}\nsubscription: orders-sub\n"
     )
-    assert proc.stdout is not None
-    seen: list[str] = []
-    try:
-        for line in proc.stdout:
-            seen.append(line)
-            if "Pub/Sub endpoint unreachable" in line:
-                break
+    with AcklaneRun(cfg) as run:
+        run.wait_for("Pub/Sub endpoint unreachable")
         time.sleep(5)  # several more tries follow (1 s, 2 s, 4 s apart): none told again
-        proc.send_signal(signal.SIGINT)
-        out = "".join(seen) + proc.communicate(timeout=60)[0]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, out
+        exit_code = run.stop()
+    out = run.output
+    assert exit_code == 0, out
     assert out.count("Pub/Sub endpoint unreachable") == 1, out
     assert "Traceback" not in out
     assert "Restarting watchers" not in out

@@ -11,22 +11,15 @@ unreachable namespace is told once while the stream waits for it.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from typer.testing import CliRunner
 
-from acklane.core.cli import app
 from acklane.integration.emulator import Emulator, free_port
 from acklane.integration.servicebus import ServiceBusEmulator
-
-runner = CliRunner()
+from acklane.integration.testing import AcklaneRun, stream_check, validate_json, write_pipeline
 
 
 @pytest.fixture
@@ -36,16 +29,8 @@ def bus(servicebus_emulator: Emulator) -> ServiceBusEmulator:
 
 
 def _pipeline(tmp_path: Path, connection_string: str, queue: str) -> Path:
-    cfg = tmp_path / "pipeline.yaml"
-    cfg.write_text(
-        f'store: {{url: "sqlite:///{tmp_path}/events.db"}}\n'
-        "engine: {shutdown_timeout: 5}\n"
-        "streams:\n  orders:\n    connector: servicebus\n"
-        f'    connection_string: "{connection_string}"\n'
-        f"    queue: {queue}\n    max_wait_time: 1\n"
-        "watchers:\n  - {name: all, stream: orders}\n"
-    )
-    return cfg
+    stream = f'connection_string: "{connection_string}"\nqueue: {queue}\nmax_wait_time: 1\n'
+    return write_pipeline(tmp_path, "servicebus", stream)
 
 
 def _wrong_key(connection_string: str) -> str:
@@ -65,13 +50,10 @@ def _unreachable(connection_string: str) -> str:
 
 
 def _check(cfg: Path) -> tuple[int, dict[str, Any]]:
-    result = runner.invoke(
-        app, ["validate", "--connect", "--timeout", "5", "--format", "json", str(cfg)]
-    )
-    document = json.loads(result.stdout)
-    (check,) = [c for c in document["checks"] if c["target"] == "stream orders"]
+    code, document = validate_json(cfg, "--connect")
+    check = stream_check(document)
     assert check["setting"] == "streams.orders"
-    return result.exit_code, check
+    return code, check
 
 
 def test_connect_peeks_at_a_queue_and_changes_nothing(
@@ -109,28 +91,14 @@ def test_connect_to_a_namespace_that_does_not_answer(
     assert "(connection_string)" in check["detail"]
 
 
-def _run(cfg: Path) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "acklane.core.cli", "run", str(cfg)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "ACKLANE_LOG_FORMAT": "text", "COLUMNS": "200"},
-    )
-
-
 def test_run_with_a_refused_key_stops_with_exit_1_and_one_line(
     tmp_path: Path, bus: ServiceBusEmulator
 ) -> None:
     queue = bus.create_queue()
-    proc = _run(_pipeline(tmp_path, _wrong_key(bus.connection_string), queue))
-    try:
-        out = proc.communicate(timeout=120)[0]  # it stops by itself
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 1, out
-    errors = [line for line in out.splitlines() if " ERROR " in line]
+    with AcklaneRun(_pipeline(tmp_path, _wrong_key(bus.connection_string), queue)) as run:
+        code = run.finish(timeout=120)  # it stops by itself
+    out, errors = run.output, run.errors
+    assert code == 1, out
     assert len(errors) == 1, out
     assert "stream orders: Service Bus authentication failed" in errors[0]
     assert "streams.orders.connection_string" in errors[0]
@@ -141,21 +109,12 @@ def test_run_with_a_refused_key_stops_with_exit_1_and_one_line(
 def test_run_with_an_unreachable_namespace_tells_it_once(
     tmp_path: Path, bus: ServiceBusEmulator
 ) -> None:
-    proc = _run(_pipeline(tmp_path, _unreachable(bus.connection_string), "q"))
-    assert proc.stdout is not None
-    seen: list[str] = []
-    try:
-        for line in proc.stdout:
-            seen.append(line)
-            if "Service Bus namespace unreachable" in line:
-                break
+    with AcklaneRun(_pipeline(tmp_path, _unreachable(bus.connection_string), "q")) as run:
+        run.wait_for("Service Bus namespace unreachable")
         time.sleep(5)  # more tries meanwhile: none told again
-        proc.send_signal(signal.SIGINT)
-        out = "".join(seen) + proc.communicate(timeout=60)[0]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, out
+        code = run.stop()
+    out = run.output
+    assert code == 0, out
     assert out.count("Service Bus namespace unreachable") == 1, out
     assert "Traceback" not in out
     assert "Restarting watchers" not in out

@@ -10,26 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from acklane.core.config import AcklaneConfig, load_config
-from acklane.core.events import EventStore
+from acklane.core.config import AcklaneConfig
 from acklane.core.runner import Runner
 from acklane.integration.emulator import Emulator
 from acklane.integration.servicebus import ServiceBusEmulator, ServiceBusKit
-
-FILTERS = """\
-from acklane.core import RawMessage
-
-
-def big_orders(message: RawMessage):
-    order = message.json()
-    return {"id": order["id"]} if order["amount"] > 100 else None
-"""
+from acklane.integration.testing import ORDERS, fired_ids, poison_pipeline, run_until
 
 REASON = "poison: failed 2 times; last error: watcher big-orders: KeyError: 'amount'"
 
@@ -43,42 +33,14 @@ def bus(servicebus_emulator: Emulator) -> ServiceBusEmulator:
 def pipeline(
     tmp_path: Path, bus: ServiceBusEmulator, queue: str, monkeypatch: Any
 ) -> AcklaneConfig:
-    package = tmp_path / "sbpoison"
-    package.mkdir()
-    (package / "__init__.py").write_text("")
-    (package / "filters.py").write_text(FILTERS)
     monkeypatch.setenv("TEST_SB_CONNECTION", bus.connection_string)
-    path = tmp_path / "pipeline.yaml"
-    path.write_text(
-        textwrap.dedent(
-            f"""\
-            engine:
-              ack_timeout: 20
-              restart_backoff_initial: 0.05
-              restart_backoff_max: 0.2
-              shutdown_timeout: 5
-            store:
-              url: sqlite:///{tmp_path / "events.db"}
-            streams:
-              orders:
-                connector: servicebus
-                connection_string: "${{TEST_SB_CONNECTION}}"
-                queue: "{queue}"
-                max_wait_time: 1
-                max_attempts: 2
-            watchers:
-              - name: big-orders
-                stream: orders
-                filter: {{function: "sbpoison.filters:big_orders"}}
-            """
-        )
-    )
-    return load_config(path)
-
-
-async def fired(db: Path) -> list[int]:
-    async with EventStore(f"sqlite:///{db}") as store:
-        return sorted(e.payload["id"] for e in await store.list_events(limit=100))
+    stream = f"""\
+        connection_string: "${{TEST_SB_CONNECTION}}"
+        queue: "{queue}"
+        max_wait_time: 1
+        max_attempts: 2
+        """
+    return poison_pipeline(tmp_path, "servicebus", stream, package="sbpoison")
 
 
 async def test_a_poison_message_is_dead_lettered_after_max_attempts_and_the_rest_processed(
@@ -88,21 +50,14 @@ async def test_a_poison_message_is_dead_lettered_after_max_attempts_and_the_rest
     # stay locked until the lock lapses: a short lock keeps the test quick.
     queue = bus.create_queue(lock_duration=2, max_delivery_count=10)
     kit = ServiceBusKit(bus.connection_string)
-    bodies = [{"id": 1, "amount": 150}, {"id": 2}, {"id": 3, "amount": 300}, {"id": 4, "amount": 5}]
-    await asyncio.to_thread(kit.send, queue, [json.dumps(b) for b in bodies])
+    await asyncio.to_thread(kit.send, queue, [json.dumps(b) for b in ORDERS])
     runner = Runner(pipeline(tmp_path, bus, queue, monkeypatch), handle_signals=False)
-    task = asyncio.create_task(runner.run())
-    try:
-        async with asyncio.timeout(60):
-            while True:
-                counts = await asyncio.to_thread(bus.counts, queue)
-                if counts["messages"] == 0 and counts["dead_letter"] == 1:
-                    break
-                assert not task.done(), task.exception()
-                await asyncio.sleep(0.2)
-    finally:
-        runner.request_stop()
-        await task
+
+    async def done() -> bool:
+        counts = await asyncio.to_thread(bus.counts, queue)
+        return counts["messages"] == 0 and counts["dead_letter"] == 1
+
+    await run_until(runner, done, interval=0.2)
 
     [copy] = await asyncio.to_thread(kit.peek_dead_letters, queue)
     assert json.loads(str(copy)) == {"id": 2}
@@ -110,6 +65,6 @@ async def test_a_poison_message_is_dead_lettered_after_max_attempts_and_the_rest
     # dead-lettered by acklane, before the queue's own max delivery count; the broker's
     # count is higher than the failed attempts (a lapsed lock counts too)
     assert 2 <= copy.delivery_count < 10
-    assert await fired(tmp_path / "events.db") == [1, 3]
+    assert await fired_ids(tmp_path / "events.db") == [1, 3]
     (book,) = runner.poison.streams().values()
     assert (book.failures, book.poisoned) == (2, 1)

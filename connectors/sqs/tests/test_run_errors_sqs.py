@@ -16,10 +16,8 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,12 +25,9 @@ from typing import Any
 
 import boto3
 import pytest
-from typer.testing import CliRunner
 
-from acklane.core.cli import app
 from acklane.integration.emulator import Emulator, free_port, wait_for_port
-
-runner = CliRunner()
+from acklane.integration.testing import AcklaneRun, stream_check, validate_json, write_pipeline
 
 
 @pytest.fixture(scope="module")
@@ -71,15 +66,7 @@ def queues(sqs_emulator: Emulator) -> dict[str, str]:
 
 
 def _pipeline(tmp_path: Path, stream: str) -> Path:
-    cfg = tmp_path / "pipeline.yaml"
-    cfg.write_text(
-        f'store: {{url: "sqlite:///{tmp_path}/events.db"}}\n'
-        "engine: {shutdown_timeout: 5}\n"
-        "streams:\n  orders:\n    connector: sqs\n"
-        + textwrap.indent(textwrap.dedent(stream), "    ")
-        + "watchers:\n  - {name: all, stream: orders}\n"
-    )
-    return cfg
+    return write_pipeline(tmp_path, "sqs", stream)
 
 
 def _stream(endpoint: str, queue: str, key: str = "testing", extra: str = "") -> str:
@@ -91,21 +78,8 @@ def _stream(endpoint: str, queue: str, key: str = "testing", extra: str = "") ->
 
 
 def _check(tmp_path: Path, stream: str) -> tuple[int, dict[str, Any]]:
-    result = runner.invoke(
-        app,
-        [
-            "validate",
-            "--connect",
-            "--timeout",
-            "5",
-            "--format",
-            "json",
-            str(_pipeline(tmp_path, stream)),
-        ],
-    )
-    document = json.loads(result.stdout)
-    (check,) = [c for c in document["checks"] if c["target"] == "stream orders"]
-    return result.exit_code, check
+    code, document = validate_json(_pipeline(tmp_path, stream), "--connect")
+    return code, stream_check(document)
 
 
 def test_connect_to_a_queue_and_its_dead_letter_queue(
@@ -148,30 +122,16 @@ def test_connect_to_an_endpoint_that_does_not_answer(tmp_path: Path) -> None:
     assert "cannot reach the SQS endpoint (endpoint_url, region)" in check["detail"]
 
 
-def _run(cfg: Path) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "acklane.core.cli", "run", str(cfg)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "ACKLANE_LOG_FORMAT": "text", "COLUMNS": "200"},
-    )
-
-
 def test_run_with_refused_keys_stops_with_exit_1_and_one_line(
     tmp_path: Path, strict_moto: str
 ) -> None:
     cfg = _pipeline(
         tmp_path, _stream(strict_moto, f"{strict_moto}/123456789012/q", "AKIAWRONG0KEY")
     )
-    proc = _run(cfg)
-    try:
-        out, _ = proc.communicate(timeout=120)  # it stops by itself
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 1, out
-    errors = [line for line in out.splitlines() if " ERROR " in line]
+    with AcklaneRun(cfg) as run:
+        code = run.finish(timeout=120)  # it stops by itself
+    out, errors = run.output, run.errors
+    assert code == 1, out
     assert len(errors) == 1, out
     assert "stream orders: SQS authentication failed" in errors[0]
     assert "streams.orders.aws_secret_access_key" in errors[0]
@@ -182,21 +142,12 @@ def test_run_with_refused_keys_stops_with_exit_1_and_one_line(
 def test_run_with_an_unreachable_endpoint_tells_it_once(tmp_path: Path) -> None:
     endpoint = f"http://127.0.0.1:{free_port()}"
     cfg = _pipeline(tmp_path, _stream(endpoint, f"{endpoint}/123456789012/q"))
-    proc = _run(cfg)
-    assert proc.stdout is not None
-    seen: list[str] = []
-    try:
-        for line in proc.stdout:
-            seen.append(line)
-            if "SQS endpoint unreachable" in line:
-                break
+    with AcklaneRun(cfg) as run:
+        run.wait_for("SQS endpoint unreachable")
         time.sleep(5)  # more tries meanwhile: none of them told again
-        proc.send_signal(signal.SIGINT)
-        out = "".join(seen) + proc.communicate(timeout=60)[0]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, out
+        code = run.stop()
+    out = run.output
+    assert code == 0, out
     assert out.count("SQS endpoint unreachable") == 1, out
     assert "Traceback" not in out
     assert "Restarting watchers" not in out

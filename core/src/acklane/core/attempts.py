@@ -36,11 +36,10 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from .events._model import storable_stream_key
-from .sql import async_engine
+from .sql import async_engine, create_schema
 
 __all__ = ["STALE_AFTER", "TABLE_NAME", "AttemptRecord", "AttemptStore", "attempts_table"]
 
@@ -101,19 +100,9 @@ class AttemptStore:
             raise ValueError("the attempt store supports sqlite:// and postgresql:// URLs")
         engine = async_engine(self.url)
         try:
-            for attempt in range(1, tries + 1):
-                try:
-                    async with engine.begin() as conn:
-                        if conn.dialect.name == "postgresql":
-                            await conn.exec_driver_sql(
-                                "SELECT pg_advisory_xact_lock(%(key)s)", {"key": _PG_SCHEMA_LOCK}
-                            )
-                        await conn.run_sync(_create)
-                    break
-                except DBAPIError as exc:  # another process created it at the same time
-                    if attempt == tries:
-                        raise
-                    log.info("creating %s raced with another process (%s)", TABLE_NAME, exc)
+            await create_schema(
+                engine, _create, lock_key=_PG_SCHEMA_LOCK, table=TABLE_NAME, log=log, tries=tries
+            )
         except BaseException:
             await engine.dispose()
             raise

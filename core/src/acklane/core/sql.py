@@ -9,18 +9,22 @@ it); PostgreSQL serves several engine instances. Plain ``sqlite://`` and
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 __all__ = [
     "DEFAULT_URL",
     "SUPPORTED_SCHEMES",
     "async_engine",
+    "create_schema",
     "is_sqlite",
     "is_sqlite_memory",
     "normalize_url",
@@ -168,3 +172,37 @@ def async_engine(url: str | URL = DEFAULT_URL, **kwargs: Any) -> AsyncEngine:
     if u.get_backend_name() == "sqlite":
         _install_sqlite_pragmas(engine.sync_engine)
     return engine
+
+
+async def create_schema(
+    engine: AsyncEngine,
+    create: Callable[[Connection], None],
+    *,
+    lock_key: int,
+    table: str,
+    log: logging.Logger,
+    tries: int = 5,
+) -> None:
+    """Run ``create`` (a table's creation or migration) once, safe against other processes.
+
+    Several processes may open one database at once. On PostgreSQL they take turns:
+    a transaction-level advisory lock on ``lock_key`` (one value per table) is held
+    until the transaction ends. On SQLite, and against processes of an older version
+    that take no lock, two openers may both find the table missing: the statement
+    that lost the race fails, the transaction is tried again (``tries`` in all, the
+    race told at INFO on ``log``), and ``create`` then finds the work done, so it
+    must check before it creates.
+    """
+    for attempt in range(1, tries + 1):
+        try:
+            async with engine.begin() as conn:
+                if conn.dialect.name == "postgresql":
+                    await conn.exec_driver_sql(
+                        "SELECT pg_advisory_xact_lock(%(key)s)", {"key": lock_key}
+                    )
+                await conn.run_sync(create)
+            return
+        except DBAPIError as exc:
+            if attempt == tries:
+                raise
+            log.info("creating %s raced with another process (%s); checking again", table, exc)

@@ -23,10 +23,10 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.engine import Dialect, Row
-from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.schema import CreateIndex
 
+from ..sql import create_schema
 from ._model import MAX_STREAM_KEY_BYTES, StoredEvent, storable_stream_key
 
 __all__ = [
@@ -118,19 +118,14 @@ async def create_tables(engine: AsyncEngine, *, attempts: int = 5) -> None:
     table missing or the old index present: a statement that lost such a race
     fails, the transaction is retried, and the checks then find the work done.
     """
-    for attempt in range(1, attempts + 1):
-        try:
-            async with engine.begin() as conn:
-                if conn.dialect.name == "postgresql":
-                    await conn.exec_driver_sql(
-                        "SELECT pg_advisory_xact_lock(%(key)s)", {"key": _PG_SCHEMA_LOCK}
-                    )
-                await conn.run_sync(_create_or_migrate)
-            return
-        except DBAPIError as exc:
-            if attempt == attempts:
-                raise
-            log.info("creating %s raced with another process (%s); checking again", TABLE_NAME, exc)
+    await create_schema(
+        engine,
+        _create_or_migrate,
+        lock_key=_PG_SCHEMA_LOCK,
+        table=TABLE_NAME,
+        log=log,
+        tries=attempts,
+    )
 
 
 def _create_or_migrate(conn: Connection) -> None:

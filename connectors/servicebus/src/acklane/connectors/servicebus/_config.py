@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Hashable
-from typing import Any, Literal, Self
+from typing import TYPE_CHECKING, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from acklane.core.poison import DEFAULT_MAX_ATTEMPTS, MaxAttempts
+
+if TYPE_CHECKING:
+    from azure.servicebus.aio import ServiceBusClient
 
 __all__ = ["ServiceBusConfig", "namespace_of"]
 
@@ -111,3 +114,23 @@ class ServiceBusConfig(BaseModel):
     def describe(self) -> str:
         sessions = f" sessions={self.max_sessions}" if self.sessions else ""
         return f"servicebus {self.namespace} entity={self.entity}{sessions}"
+
+    def make_client(self) -> ServiceBusClient:
+        """The stream's asyncio ``ServiceBusClient``, with ``client_options`` as keywords.
+
+        From ``connection_string``, or from ``fully_qualified_namespace`` with
+        ``DefaultAzureCredential`` (azure-identity, an optional dependency). Not
+        connected yet: the consumer, the publisher and ``validate --connect`` each
+        open their own.
+        """
+        from azure.servicebus.aio import ServiceBusClient
+
+        options = dict(self.client_options)
+        if self.connection_string is not None:
+            return ServiceBusClient.from_connection_string(
+                self.connection_string.get_secret_value(), **options
+            )
+        from azure.identity.aio import DefaultAzureCredential  # optional dependency
+
+        assert self.fully_qualified_namespace is not None
+        return ServiceBusClient(self.fully_qualified_namespace, DefaultAzureCredential(), **options)

@@ -44,5 +44,5 @@ class ServiceBusConnector(Connector[ServiceBusConfig]):
         once = config.model_copy(
             update={"client_options": {**config.client_options, "retry_total": 0}}
         )
-        client = ServiceBusStreamProducer(once)._make_client()
+        client = once.make_client()
         return await check_connection(config, call_timeout, client)

@@ -153,18 +153,6 @@ class ServiceBusStreamProducer(SharedStreamProducer):
 
     # ------------------------------------------------------------------ stream
 
-    def _make_client(self) -> ServiceBusClient:
-        cfg = self.config
-        options = dict(cfg.client_options)
-        if cfg.connection_string is not None:
-            return ServiceBusClient.from_connection_string(
-                cfg.connection_string.get_secret_value(), **options
-            )
-        from azure.identity.aio import DefaultAzureCredential  # optional dependency
-
-        assert cfg.fully_qualified_namespace is not None
-        return ServiceBusClient(cfg.fully_qualified_namespace, DefaultAzureCredential(), **options)
-
     def _receiver(self, session: bool) -> ServiceBusReceiver:
         cfg = self.config
         assert self._client is not None
@@ -186,7 +174,7 @@ class ServiceBusStreamProducer(SharedStreamProducer):
         if self._opened:
             raise RuntimeError(f"{self.config.describe()}: open_stream() may be called once")
         self._opened = True
-        self._client = self._make_client()
+        self._client = self.config.make_client()
         workers = self.config.max_sessions if self.config.sessions else 1
         for n in range(workers):
             self._tasks.append(

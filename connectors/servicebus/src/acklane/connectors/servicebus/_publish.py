@@ -33,20 +33,6 @@ class ServiceBusPublisher(Publisher):
         kind, name = ("queue", cfg.queue) if cfg.queue else ("topic", cfg.topic)
         return f"servicebus {kind} {name} at {cfg.namespace}"
 
-    def _make_client(self) -> Any:
-        from azure.servicebus.aio import ServiceBusClient
-
-        cfg = self.config
-        options = dict(cfg.client_options)
-        if cfg.connection_string is not None:
-            return ServiceBusClient.from_connection_string(
-                cfg.connection_string.get_secret_value(), **options
-            )
-        from azure.identity.aio import DefaultAzureCredential  # optional dependency
-
-        assert cfg.fully_qualified_namespace is not None
-        return ServiceBusClient(cfg.fully_qualified_namespace, DefaultAzureCredential(), **options)
-
     def _message(self, message: OutgoingMessage) -> Any:
         from azure.servicebus import ServiceBusMessage
 
@@ -66,7 +52,7 @@ class ServiceBusPublisher(Publisher):
         from azure.servicebus.exceptions import MessageSizeExceededError, ServiceBusError
 
         if self._sender is None:
-            self._client = self._make_client()
+            self._client = self.config.make_client()
             if self.config.queue is not None:
                 self._sender = self._client.get_queue_sender(queue_name=self.config.queue)
             else:
