@@ -144,3 +144,72 @@ def test_a_refused_sasl_login_stops_acklane_with_exit_1_and_one_line(
     assert "Secr3tSasl" not in out
     assert "Traceback" not in out
     assert "Restarting watchers" not in out
+
+
+class _DroppingProxy(_Proxy):
+    """A :class:`_Proxy` that can cut the connections it carries (a broker closing an
+    idle connection, a load balancer timing one out)."""
+
+    def __init__(self, port: int, target: tuple[str, int]) -> None:
+        super().__init__(port, target)
+        self.carried: list[socket.socket] = []
+
+    def _accept(self, server: socket.socket) -> None:
+        while not self._closing:
+            try:
+                client, _ = server.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self.target)
+            self.carried += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def drop(self) -> None:
+        self.close()
+        for s in self.carried:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+
+
+def test_one_dropped_connection_is_no_outage(tmp_path: Path, kafka_kit: KafkaKit) -> None:
+    """The bootstrap connection goes through a proxy that then cuts it and refuses new
+    ones; the broker the cluster advertises still answers: nothing is unreachable."""
+    topic = kafka_kit.new_topic("dropped")
+    host, _, port = kafka_kit.bootstrap_servers.rpartition(":")
+    proxy = _DroppingProxy(free_port(), (host, int(port)))
+    proxy.start()
+    cfg = _pipeline(
+        tmp_path,
+        f"bootstrap_servers: 127.0.0.1:{proxy.port}\ntopics: [{topic}]\n"
+        f"group_id: {KafkaKit.unique('g')}\n"
+        "client: {reconnect.backoff.max.ms: 500}\n",
+    )
+    with AcklaneRun(cfg) as run:
+        try:
+            run.wait_for("Kafka partitions assigned")  # talking to the advertised broker
+            proxy.drop()
+            time.sleep(4)  # librdkafka notices, retries the bootstrap address, fails
+        finally:
+            proxy.close()
+        assert run.stop() == 0, run.output
+    out = run.output
+    assert "broker unreachable" not in out, out
+    assert "Traceback" not in out
+
+
+def test_only_every_broker_down_is_an_outage_with_the_last_connection_error() -> None:
+    from confluent_kafka import KafkaError
+
+    from acklane.connectors.kafka._health import ClientHealth
+
+    health = ClientHealth("kafka stream s", "a:9092,b:9092")
+    health.on_error(KafkaError(KafkaError._TRANSPORT, "a:9092/1: Disconnected"))
+    health.on_error(KafkaError(KafkaError._TIMED_OUT, "b:9092/2: 1 request(s) timed out"))
+    assert health.unreachable is None  # one broker's connection: no outage
+    health.on_error(KafkaError(KafkaError._TRANSPORT, "b:9092/2: Connection refused"))
+    health.on_error(KafkaError(KafkaError._ALL_BROKERS_DOWN, "2/2 brokers are down"))
+    assert health.unreachable is not None
+    assert "Connection refused" in health.unreachable
+    health.alive()
+    assert health.unreachable is None

@@ -50,15 +50,10 @@ AUTH_CODES: dict[int, tuple[str, ...]] = {
     KafkaError.CLUSTER_AUTHORIZATION_FAILED: ("sasl_username",),
 }
 
-#: Codes that mean "cannot reach the brokers (now)": librdkafka retries on its own.
-_UNREACHABLE = frozenset(
-    {
-        KafkaError._TRANSPORT,
-        KafkaError._ALL_BROKERS_DOWN,
-        KafkaError._RESOLVE,
-        KafkaError._TIMED_OUT,
-    }
-)
+#: Codes about one broker's connection (librdkafka retries on its own). They make the
+#: stream unreachable only once every broker is down (``_ALL_BROKERS_DOWN``): a broker
+#: closing an idle connection, or one broker of several restarting, is no outage.
+_CONNECTION = frozenset({KafkaError._TRANSPORT, KafkaError._RESOLVE, KafkaError._TIMED_OUT})
 
 #: librdkafka log facilities that repeat what ``error_cb`` reports.
 _ERROR_FACILITIES = frozenset({"FAIL", "ERROR"})
@@ -94,6 +89,8 @@ class ClientHealth:
         #: The first authentication or authorisation error, until it is raised.
         self.refused: KafkaError | None = None
         self._told: set[int] = set()
+        #: The last failure of one broker's connection (the reason of an outage).
+        self._connection_error: str | None = None
 
     @property
     def unreachable(self) -> str | None:
@@ -107,19 +104,24 @@ class ClientHealth:
             if self.refused is None:
                 self.refused = error
             return
-        if code in _UNREACHABLE:
-            if code == KafkaError._ALL_BROKERS_DOWN:
-                # follows the error that took the last broker down (a refused
-                # connection, or a refusal of the credentials): that one is told
-                log.debug("%s: %s", self.describe, error.str())
-                return
-            self.reachability.failed(error.str())  # librdkafka itself retries
+        if code in _CONNECTION:
+            # kept as the reason to give if every broker goes down
+            self._connection_error = error.str()
+            log.debug("%s: %s", self.describe, error.str())
+            return
+        if code == KafkaError._ALL_BROKERS_DOWN:
+            # follows the error that took the last broker down: that one is the reason
+            self.unanswered(self._connection_error or error.str())
             return
         if code in self._told:
             log.debug("%s: Kafka client error again: %s", self.describe, error.str())
             return
         self._told.add(code)
         log.warning("%s: Kafka client error: %s", self.describe, error.str())
+
+    def unanswered(self, reason: str) -> None:
+        """No broker answers: all are down, or a request to the cluster timed out."""
+        self.reachability.failed(reason)  # librdkafka itself retries
 
     def alive(self) -> None:
         """The brokers answered (metadata, an assignment, a record, a commit)."""

@@ -14,6 +14,7 @@ import functools
 import logging
 import operator
 import threading
+import time
 from collections.abc import (
     AsyncGenerator,
     AsyncIterator,
@@ -116,6 +117,8 @@ _REBALANCING = frozenset(
 )
 # Seconds between two looks at a pending metadata request (a close, a refusal).
 _METADATA_SLICE = 0.2
+# Seconds between two metadata requests looking for the brokers during an outage.
+_PROBE_INTERVAL = 5.0
 # A record (or its batch) over a size limit, from produce() or the broker.
 _TOO_LARGE = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE})
 
@@ -238,6 +241,9 @@ class KafkaStreamProducer(SharedStreamProducer):
         # Connection state changes, told once each (consumer thread); aclose sets
         # _closing so that a connect waiting for an unreachable cluster ends now.
         self._health = ClientHealth(config.describe(), config.bootstrap_servers)
+        # the metadata request that looks for the brokers while they are unreachable
+        self._probe: concurrent.futures.Future[Any] | None = None
+        self._probed_at = 0.0
         self._closing = threading.Event()
         # Written on the consumer thread, read on the loop while a batch is handed out:
         # partition -> (seek epoch, offset) of its latest seek back to a held record.
@@ -470,7 +476,7 @@ class KafkaStreamProducer(SharedStreamProducer):
                 if isinstance(error, KafkaError) and error.code() in AUTH_CODES:
                     raise auth_error(error, "reading the cluster metadata") from None
                 if isinstance(error, KafkaError) and error.code() == KafkaError._TIMED_OUT:
-                    self._health.on_error(error)  # unreachable: told once, keep waiting
+                    self._health.unanswered(error.str())  # told once, keep waiting
                     continue
                 raise KafkaReceiveError(
                     f"cannot read the cluster id of {self.config.describe()}: {exc}"
@@ -481,6 +487,25 @@ class KafkaStreamProducer(SharedStreamProducer):
                 ) from exc
             self._health.alive()
             return cluster
+
+    def _probe_cluster(self) -> None:
+        """While the brokers count as unreachable and nothing arrives (an idle topic),
+        ask for the cluster's metadata every few seconds, without waiting: its answer is
+        the sign of life that ends the outage (else the stream would stay unready until
+        the next record). Consumer thread."""
+        probe = self._probe
+        if probe is not None:
+            if not probe.done():
+                return
+            self._probe = None
+            if probe.exception() is None:
+                self._health.alive()
+                return
+        now = time.monotonic()
+        if self._admin is None or now - self._probed_at < _PROBE_INTERVAL:
+            return
+        self._probed_at = now
+        self._probe = self._admin.describe_cluster(request_timeout=_METADATA_TIMEOUT)
 
     def _raise_if_refused(self, where: str) -> None:
         refused = self._health.refused
@@ -688,8 +713,11 @@ class KafkaStreamProducer(SharedStreamProducer):
             raise KafkaReceiveError(
                 f"Kafka client failed for {self.config.describe()}: {self._failure.str()}"
             )
-        if messages and self._health.unreachable is not None:
-            self._health.alive()
+        if self._health.unreachable is not None:
+            if messages:
+                self._health.alive()
+            else:
+                self._probe_cluster()
         if self._paused:
             self._pause_new_partitions()  # assigned during this consume
         out: list[KafkaMessage] = []
