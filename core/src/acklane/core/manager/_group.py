@@ -201,8 +201,7 @@ class _Group:
         if self.frozen:
             return
         stats = self.stats
-        if kind == ACKED:
-            entry.acked += 1
+        if kind == ACKED:  # (an entry's acks are not counted: see _Entry.n)
             stats.acked += 1
         elif kind == FAILED:
             entry.failed += 1
@@ -249,11 +248,11 @@ class _Group:
                 entry = q.popleft()
                 # acked by every member (reasons come only with rejections): shared, by
                 # an int key (no tuple per event)
-                outcome = None if entry.failed or entry.rejected else acked_get(entry.acked)
+                outcome = None if entry.failed or entry.rejected else acked_get(entry.n)
                 if outcome is None:
                     outcome = _outcome(entry)
                     if not (entry.failed or entry.rejected) and len(_ACKED_ONLY) < 1024:
-                        _ACKED_ONLY[entry.acked] = outcome
+                        _ACKED_ONLY[entry.n] = outcome
                 batch.append(_new_tuple(AdvanceItem, (entry.payload, outcome)))
                 if latencies is not None:
                     latencies.append(_monotonic() - entry.t)

@@ -26,11 +26,11 @@ class _Entry:
     """One broadcast raw event in the ledger: counters only, never a set of subscribers."""
 
     __slots__ = (
-        "acked",
         "failed",
         "lane",
         "lane_q",
         "mid",
+        "n",
         "payload",
         "raw",
         "reasons",
@@ -48,7 +48,10 @@ class _Entry:
         self.lane_q = lane_q
         self.t = t
         self.remaining = n
-        self.acked = 0
+        # members in the snapshot. Acks are not counted: every resolution decrements
+        # ``remaining`` and only failures and rejections are counted, so once it is 0
+        # the acks are ``n - failed - rejected`` (one write less per delivery)
+        self.n = n
         self.failed = 0
         self.rejected = 0
         self.reasons: list[str] | None = None
@@ -68,9 +71,10 @@ _CLEAN_CACHE_MAX: Final[int] = 4096
 
 def _outcome(entry: _Entry) -> AdvanceOutcome:
     """The entry's outcome: shared from the cache when it has no reject reasons."""
+    acked = entry.n - entry.failed - entry.rejected  # (resolved: remaining is 0)
     if entry.reasons:
-        return AdvanceOutcome(entry.acked, entry.failed, entry.rejected, tuple(entry.reasons))
-    k = (entry.acked, entry.failed, entry.rejected)
+        return AdvanceOutcome(acked, entry.failed, entry.rejected, tuple(entry.reasons))
+    k = (acked, entry.failed, entry.rejected)
     outcome = _CLEAN_CACHE.get(k)
     if outcome is None:
         outcome = AdvanceOutcome(*k)

@@ -136,6 +136,7 @@ class SharedStreamManager:
         else:
             _check_settings(group, trigger_id, settings)
         sub = group.attach(trigger_id, trigger)
+        sub.key = key
         self._register(sub_key, sub)
         return sub
 
@@ -228,7 +229,7 @@ class SharedStreamManager:
         if (
             isinstance(window, _Subscriber)
             and window.trigger_id == trigger_id
-            and (window.group.key is key or window.group.key == key)
+            and (window.key is key or window.group.key == key)
         ):
             sub = window
         else:
@@ -243,13 +244,11 @@ class SharedStreamManager:
         if sub.closed or sub.failure is not None:
             return None
         entry = sub.current
-        if entry is None or sub.rejected_current:
-            return None
-        group = sub.group
-        if not group.acking:
+        if entry is None or sub.rejected_current or not sub.acking:
             return None
         mid = entry.mid
         if mid is _UNASKED:  # once per raw event, whichever member binds to it first
+            group = sub.group
             message_id = group.message_id_of
             try:
                 mid = message_id(entry.payload) if message_id is not None else None
@@ -260,6 +259,13 @@ class SharedStreamManager:
         binding = sub.binding
         if binding is None:
             binding = sub.binding = _Binding(sub, entry)  # pending and count 1: this yield
+            position = 0
+        elif binding.entry is not entry:
+            # the last event's, all confirmed and let go (see _Subscriber.binding): reused
+            # as new (never moved nor done), with this yield
+            binding.entry = entry
+            binding.pending = 1
+            binding.count = 1
             position = 0
         else:
             binding.pending += 1
@@ -283,7 +289,8 @@ class SharedStreamManager:
             if binding is None:
                 continue
             binding.pending -= 1
-            if binding.pending == 0 and binding.moved and not binding.done:
+            # moved first: it is False when the confirmation comes within the window
+            if binding.moved and binding.pending == 0 and not binding.done:
                 binding.done = True
                 binding.sub.group.resolve(binding.entry, ACKED)
 

@@ -24,7 +24,9 @@ if TYPE_CHECKING:
 class _Binding:
     """The trigger events one subscriber yielded while on one raw event.
 
-    Made by the first yield bound to the raw event, so it starts with that one.
+    Made by the first yield bound to the raw event, so it starts with that one; once
+    all its yields were confirmed before the filter moved on, the subscriber's next
+    raw event reuses it (see ``_Subscriber.binding``).
     """
 
     __slots__ = ("count", "done", "entry", "moved", "pending", "sub")
@@ -87,12 +89,14 @@ class _Subscriber:
     """One trigger's membership in a group: its queue and its place in the stream."""
 
     __slots__ = (
+        "acking",
         "awaiting",
         "binding",
         "closed",
         "current",
         "failure",
         "group",
+        "key",
         "queue",
         "rejected_current",
         "trigger",
@@ -102,11 +106,20 @@ class _Subscriber:
 
     def __init__(self, group: _Group, trigger_id: str, trigger: BaseEventTrigger) -> None:
         self.group = group
+        # the key object it subscribed with (equal to the group's): bind_event's check
+        # that a window is this subscription's is then an identity test, no tuple compare
+        self.key = group.key
+        self.acking = group.acking  # the group's, fixed for its life
         self.trigger_id = trigger_id
         self.trigger = trigger
         self.queue: deque[_Entry] = deque()
         self.waiter: asyncio.Future[None] | None = None
         self.current: _Entry | None = None  # the raw event whose binding window is open
+        # The yields bound to ``current``. May also be the binding of an event already
+        # acked with all its yields confirmed (pending 0, ``entry`` not ``current``):
+        # nothing else refers to it then, and bind_event reuses it for the next event
+        # (no object per delivery); every reader treats it as a binding with nothing
+        # pending, which resolves as if there were none.
         self.binding: _Binding | None = None
         self.rejected_current = False
         self.awaiting: deque[_Binding] = deque()  # moved past, yields not yet confirmed
@@ -211,9 +224,13 @@ class _Subscriber:
                 airflow_context.set(_AirflowWindow(self))
         try:
             while True:
+                # (``current`` may still name the event just acked below: it is cleared
+                # here, before anything else can run, or replaced by the next event)
                 if self.failure is not None:
+                    self.current = None
                     raise self.failure
                 if not queue:
+                    self.current = None
                     if self.closed:
                         return
                     waiter: asyncio.Future[None] = loop.create_future()
@@ -247,14 +264,12 @@ class _Subscriber:
                     # move_past() + resolve(entry, ACKED) inlined for the common cases
                     # (this runs once per delivery): the filter yielded nothing for the
                     # event, or every yield is already confirmed, so it is acked now.
-                    self.current = None
-                    if binding is not None:
-                        # every yield confirmed: nothing refers to it any more (the
-                        # manager forgot its seqs, it never was in awaiting)
-                        self.binding = None
+                    # Its window closes at the top of the loop, with no await between.
+                    # A binding with every yield confirmed stays: nothing else refers
+                    # to it (the manager forgot its seqs, it never was in awaiting, it
+                    # was never moved nor done), and the next event's binding reuses it.
                     if not group.frozen:
-                        entry.acked += 1
-                        stats.acked += 1
+                        stats.acked += 1  # (the entry counts no acks: see _Entry.n)
                         remaining = entry.remaining - 1
                         entry.remaining = remaining
                         if remaining == 0 and entry.lane_q[0] is entry:
