@@ -437,12 +437,9 @@ def run(config: ConfigArg, log_level: LogLevelOption = None) -> None:
                 start_metrics_server(cfg.metrics.port, runner)
             asyncio.run(runner.run())
         except (asyncio.CancelledError, KeyboardInterrupt):
-            forced = runner.forced_by if runner is not None else None
-            if forced is None:
+            if runner is None or runner.forced_by is None:
                 raise
-            # a second signal cut the graceful stop short: one line, the conventional code
-            log.warning("Stopped at once by a second %s", forced.name)
-            raise typer.Exit(128 + forced) from None
+            # a second signal cut the graceful stop short: told below
         except Exception as exc:
             # one record (and the traceback at DEBUG), not a screenful on stderr; an
             # error of acklane's own says what is wrong in its message
@@ -451,6 +448,7 @@ def run(config: ConfigArg, log_level: LogLevelOption = None) -> None:
             log.debug("acklane run failed", exc_info=True)
             raise typer.Exit(1) from None
         if runner is not None and runner.forced_by is not None:
+            # one line and the conventional code, however the cut-short stop ended
             log.warning("Stopped at once by a second %s", runner.forced_by.name)
             raise typer.Exit(128 + runner.forced_by)
         if runner is not None and runner.failure is not None:

@@ -161,13 +161,8 @@ def event_to_json(event: StoredEvent) -> dict[str, Any]:
 
 def _table(events: Sequence[StoredEvent], *, header: bool = True) -> Table:
     table = Table(show_header=header, header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
-    table.add_column("id", justify="right", no_wrap=True)
-    table.add_column("created (UTC)", no_wrap=True)
-    table.add_column("trigger", max_width=24, overflow="fold")
-    table.add_column("stream key", max_width=24, overflow="fold")
-    table.add_column("message", max_width=28, overflow="fold")
-    table.add_column("pos", justify="right", no_wrap=True)
-    table.add_column("payload", min_width=16, overflow="fold")
+    for name, options in _COLUMNS.items():
+        table.add_column(name, **options)
     for event in events:
         # Text, not str: payloads and keys may hold [brackets] rich would parse.
         table.add_row(*(Text(cell) for cell in _cells(event)))
@@ -188,15 +183,16 @@ def _emit(events: Sequence[StoredEvent], *, as_json: bool, header: bool = True) 
         _out.print(_table(events, header=header))
 
 
-_COLUMNS: tuple[str, ...] = (
-    "id",
-    "created (UTC)",
-    "trigger",
-    "stream key",
-    "message",
-    "pos",
-    "payload",
-)
+#: The columns of an event, with their options in the terminal's table.
+_COLUMNS: dict[str, dict[str, Any]] = {
+    "id": {"justify": "right", "no_wrap": True},
+    "created (UTC)": {"no_wrap": True},
+    "trigger": {"max_width": 24, "overflow": "fold"},
+    "stream key": {"max_width": 24, "overflow": "fold"},
+    "message": {"max_width": 28, "overflow": "fold"},
+    "pos": {"justify": "right", "no_wrap": True},
+    "payload": {"min_width": 16, "overflow": "fold"},
+}
 
 
 def _cells(event: StoredEvent) -> list[str]:

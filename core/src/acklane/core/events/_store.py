@@ -572,16 +572,11 @@ class StoreUnavailable(AcklaneError, RuntimeError):
 
 async def _reach(engine: AsyncEngine, url: str, seconds: float) -> None:
     """Connect once, so that a database that cannot be opened is named, not retried."""
-    u = make_url(url)
-    if (
-        u.get_backend_name() == "sqlite"
-        and u.database
-        and not _is_sqlite_memory(url)
-        and "uri" not in u.query
-    ):
+    path = _sqlite_file(url)
+    if path is not None and "uri" not in make_url(url).query:
         # Named without trying: a failed aiosqlite connect can leave its worker thread
         # answering a loop that is already closed (a stray traceback at exit).
-        problem = sqlite_path_problem(u.database)
+        problem = sqlite_path_problem(path)
         if problem:
             raise StoreUnavailable(url, f"unable to open database file: {problem}")
     try:
@@ -600,12 +595,17 @@ def why_unavailable(url: str, exc: BaseException) -> str:
     lines = [line.strip() for line in str(original).splitlines() if line.strip()]
     reason = "; ".join(line for line in lines if not line.startswith("(Background"))
     reason = reason or type(original).__name__
+    path = _sqlite_file(url)
+    problem = None if path is None else sqlite_path_problem(path)
+    return f"{reason}: {problem}" if problem else reason
+
+
+def _sqlite_file(url: str) -> str | None:
+    """The database file of a SQLite URL (not an in-memory one), else None."""
     u = make_url(url)
-    if u.get_backend_name() == "sqlite" and not _is_sqlite_memory(url) and u.database:
-        problem = sqlite_path_problem(u.database)
-        if problem:
-            reason = f"{reason}: {problem}"
-    return reason
+    if u.get_backend_name() == "sqlite" and u.database and not _is_sqlite_memory(url):
+        return u.database
+    return None
 
 
 def backoff(initial: float, cap: float) -> Iterator[float]:
