@@ -580,8 +580,18 @@ async def _reach(engine: AsyncEngine, url: str, seconds: float) -> None:
         if problem:
             raise StoreUnavailable(url, f"unable to open database file: {problem}")
     try:
-        async with asyncio.timeout(seconds), engine.connect():
-            pass
+        async with asyncio.timeout(seconds):
+            pauses = backoff(0.05, 1.0)
+            while True:
+                try:
+                    async with engine.connect():
+                        return
+                except DBAPIError as exc:
+                    # another process opening the same SQLite file holds its lock for a
+                    # moment (setting up WAL): that one is waited out, not fatal
+                    if path is None or "database is locked" not in str(exc):
+                        raise
+                await asyncio.sleep(next(pauses))
     except TimeoutError:
         raise StoreUnavailable(url, f"no connection within {seconds:g}s") from None
     except (DBAPIError, OSError) as exc:
