@@ -302,13 +302,18 @@ async def through_engine(kit: KafkaKit, topic: str, total: int, watchers: int) -
         tid = f"w{i}"
         bind = manager.bind_event
         confirm = manager.confirm_persisted
-        # as the runner does: bind each event, and confirm it (here at once, no store)
-        async for _event in manager.events(trigger_id=tid, trigger=trigger, key=key):
-            if started is None:
-                started = time.perf_counter()
-            bound = bind(trigger_id=tid, key=key)
-            if bound is not None:
-                confirm((bound.seq,))
+        # as the runner does: the filter's own iterator (no generator in between), each
+        # event bound and confirmed (here at once, no store)
+        subscription = manager.subscription(trigger_id=tid, trigger=trigger, key=key)
+        try:
+            async for _event in subscription.events:
+                if started is None:
+                    started = time.perf_counter()
+                bound = bind(trigger_id=tid, key=key)
+                if bound is not None:
+                    confirm((bound.seq,))
+        finally:
+            await subscription.aclose()
 
     async with asyncio.TaskGroup() as tg:
         tasks = [tg.create_task(watch(i)) for i in range(watchers)]

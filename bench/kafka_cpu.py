@@ -174,10 +174,15 @@ async def engine(total: int, watchers: int) -> None:
         tid = f"w{i}"
         bind = manager.bind_event
         confirm = manager.confirm_persisted
-        async for _event in manager.events(trigger_id=tid, trigger=trigger, key=key):
-            bound = bind(trigger_id=tid, key=key)
-            if bound is not None:
-                confirm((bound.seq,))
+        # as the runner drives it: the filter's own iterator, no generator in between
+        subscription = manager.subscription(trigger_id=tid, trigger=trigger, key=key)
+        try:
+            async for _event in subscription.events:
+                bound = bind(trigger_id=tid, key=key)
+                if bound is not None:
+                    confirm((bound.seq,))
+        finally:
+            await subscription.aclose()
 
     async with asyncio.TaskGroup() as tg:
         tasks = [tg.create_task(watch(i)) for i in range(watchers)]

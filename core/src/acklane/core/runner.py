@@ -27,13 +27,12 @@ import logging
 import signal
 import time
 from collections.abc import Hashable, Sequence
-from contextlib import aclosing
 from typing import TYPE_CHECKING, Final
 
 from .errors import AcklaneError, BrokerAuthError, ConnectorError
 from .events import EventRecord, EventStore
 from .health import CohortStatus, Health
-from .manager import SharedStreamManager
+from .manager import CONSUMER_CLOSED, FILTER_RETURNED, SharedStreamManager
 from .poison import Failure, PoisonPolicy, max_attempts_of
 from .producer import AdvanceItem
 from .progress import Progress
@@ -217,8 +216,21 @@ class _Cohort:
         key_text = self.key_text
         progress = self.progress
         try:
-            async with aclosing(manager.events(trigger_id=name, trigger=trigger, key=key)) as it:
-                async for event in it:
+            # manager.events() without its generator step per event: the filter's own
+            # iterator, and the subscription's failure and close done here
+            subscription = manager.subscription(trigger_id=name, trigger=trigger, key=key)
+            how = CONSUMER_CLOSED
+            step = subscription.events.__anext__
+            try:
+                while True:
+                    try:
+                        event = await step()
+                    except StopAsyncIteration:
+                        how = FILTER_RETURNED
+                        break
+                    except BaseException as exc:  # the filter's (or its cancellation)
+                        subscription.failed(exc)
+                        raise
                     try:
                         bound = manager.bind_event(trigger_id=name, key=key)
                         message_id = None if bound is None else bound.message_id
@@ -255,6 +267,8 @@ class _Cohort:
                                 key, WatcherLeft(f"watcher {name} failed: {_why(exc)}")
                             )
                         raise
+            finally:
+                await subscription.aclose(how)
             # The filter returned: the engine called _on_subscriber_leaving, which failed
             # the group before this watcher detached.
             if not runner.stopping:

@@ -24,7 +24,7 @@ from ._common import log as log
 from ._group import _Group as _Group
 from ._ledger import _CLEAN_CACHE as _CLEAN_CACHE
 from ._ledger import _Entry as _Entry
-from ._manager import SharedStreamManager
+from ._manager import CONSUMER_CLOSED, FILTER_RETURNED, SharedStreamManager, Subscription
 from ._subscriber import _Binding as _Binding
 from ._subscriber import _Subscriber as _Subscriber
 from ._types import (
@@ -37,6 +37,8 @@ from ._types import (
 )
 
 __all__ = [
+    "CONSUMER_CLOSED",
+    "FILTER_RETURNED",
     "AdvanceObserver",
     "BoundEvent",
     "FailureObserver",
@@ -44,4 +46,5 @@ __all__ = [
     "LeaveObserver",
     "PoisonPolicy",
     "SharedStreamManager",
+    "Subscription",
 ]

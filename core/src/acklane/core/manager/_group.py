@@ -353,6 +353,12 @@ class _Group:
                 else:
                     batch = item
                 now = _monotonic()
+                if (
+                    fixed is not _NO_LANE
+                    and not suspects
+                    and self._broadcast_run(fixed, batch, now, maxq)
+                ):
+                    continue
                 lane_q: deque[_Entry] | None = None
                 lane: Hashable = None
                 # once per raw event from here on: helpers only off the delivery path
@@ -362,7 +368,7 @@ class _Group:
                         try:
                             lane_q = lanes.get(lane)
                         except TypeError as exc:
-                            raise TypeError(f"advance lane {lane!r} is not hashable") from exc
+                            raise _unhashable(lane) from exc
                         if lane_q is None:
                             lane_q = self._new_lane(lane)
                     members = self.members
@@ -392,6 +398,43 @@ class _Group:
                         lane_q = None  # the pump may have drained and dropped it meanwhile
         finally:
             await aclose_iter(stream)
+
+    def _broadcast_run(
+        self, lane: Hashable, pairs: Iterable[tuple[Any, Any]], now: float, maxq: int
+    ) -> bool:
+        """A LaneBatch whose pairs have a length, taken and broadcast at once, when every
+        member's queue has room for all of it (False: take it pair by pair instead).
+
+        The same as the pair-by-pair broadcast (nothing awaits in between, no queue
+        fills), with one ``extend`` per member instead of one ``append`` per member and
+        pair: the entries are made first, then queued in the lane and in each member's
+        queue, in order.
+        """
+        members = self.members
+        try:
+            k = len(pairs)  # type: ignore[arg-type]
+        except TypeError:
+            return False
+        if not members or any(len(sub.queue) + k >= maxq for sub in members):
+            return False
+        lane_q = self._lane_queue(lane)
+        n = len(members)
+        entries = [_Entry(payload, raw, lane, lane_q, now, n) for raw, payload in pairs]
+        lane_q.extend(entries)
+        self.stats.broadcast += len(entries)
+        for sub in members:
+            sub.queue.extend(entries)
+            if sub.waiter is not None:
+                sub.wake()
+        return True
+
+    def _lane_queue(self, lane: Hashable) -> deque[_Entry]:
+        """The ledger's queue of ``lane`` (made when the lane is new, or drained)."""
+        try:
+            lane_q = self.lanes.get(lane)
+        except TypeError as exc:
+            raise _unhashable(lane) from exc
+        return self._new_lane(lane) if lane_q is None else lane_q
 
     def _unclaimed(self, entry: _Entry) -> None:
         """Nobody was subscribed: resolved at once, as (0, 0, 0), so it is redelivered."""
@@ -662,6 +705,10 @@ class _Group:
 
 #: The suspects of a group without a poison policy: always empty.
 _NO_SUSPECTS: Mapping[str, object] = {}
+
+
+def _unhashable(lane: object) -> TypeError:
+    return TypeError(f"advance lane {lane!r} is not hashable")
 
 
 def _stuck_on(sub: _Subscriber, oldest: _Entry) -> bool:

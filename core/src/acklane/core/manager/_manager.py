@@ -96,31 +96,35 @@ class SharedStreamManager:
         when closed or when the filter ends. A filter that raises (or is cancelled)
         fails its subscriber out of what it holds (redelivered) instead of acking
         the event it is on. The checks of :meth:`subscribe` run at the first step.
+        :meth:`subscription` is the same without the generator in between.
         """
-        sub_key = (trigger_id, key)
-        raw_stream = self.subscribe(trigger_id=trigger_id, trigger=trigger, key=key)
-        sub = self._subs[sub_key]
-        group = sub.group
-        events = trigger.filter_shared_stream(raw_stream)
-        how = "its consumer closed the subscription"
+        subscription = self.subscription(trigger_id=trigger_id, trigger=trigger, key=key)
+        how = CONSUMER_CLOSED
         try:
-            async for event in events:
+            async for event in subscription.events:
                 yield event
-            how = "its filter returned"
+            how = FILTER_RETURNED
         except GeneratorExit:
             raise  # closed by its consumer at a yield: an orderly unsubscribe
         except BaseException as exc:
-            # A filter that crashed or was cancelled mid-event is not done with it:
-            # fail it out of what it holds (redelivered) instead of acking on leave.
-            # A crash (not a cancellation) is a failed attempt of the event it was on.
-            if sub.failure is None and not group.frozen:
-                group.force_fail(sub, exc, sub.current if isinstance(exc, Exception) else None)
+            subscription.failed(exc)
             raise
         finally:
-            if not sub.closed and sub.failure is None and not group.frozen:
-                self._leaving(sub, how)  # before it detaches: the observer may fail the group
-            self._detach(sub_key, sub)
-            await _close_pipeline(events, raw_stream)
+            await subscription.aclose(how)
+
+    def subscription(
+        self, *, trigger_id: str, trigger: BaseEventTrigger, key: Hashable
+    ) -> Subscription:
+        """Join the group of ``key``: :meth:`events` for a caller that runs the loop itself.
+
+        The caller iterates ``events`` (the filter's own iterator: no generator step
+        per event in between), calls :meth:`Subscription.failed` when iterating it
+        raised, and awaits :meth:`Subscription.aclose` in every case. The checks of
+        :meth:`subscribe` run now.
+        """
+        sub_key = (trigger_id, key)
+        raw_stream = self.subscribe(trigger_id=trigger_id, trigger=trigger, key=key)
+        return Subscription(self, sub_key, self._subs[sub_key], trigger, raw_stream)
 
     def _join(self, sub_key: tuple[str, Hashable], trigger: BaseEventTrigger) -> _Subscriber:
         """Check the subscription, find or start its group, and register the new member."""
@@ -446,6 +450,62 @@ class SharedStreamManager:
             self._unregister(sub_key, sub)
             group.detach(sub)
         self._closing.add(group)
+
+
+#: How a subscription ended in order, for the leaving observer.
+CONSUMER_CLOSED = "its consumer closed the subscription"
+FILTER_RETURNED = "its filter returned"
+
+
+class Subscription:
+    """One trigger's subscription, run by its caller (:meth:`SharedStreamManager.subscription`).
+
+    ``events`` is what the trigger's filter yields; each event is bound with
+    :meth:`SharedStreamManager.bind_event` while the filter is on its raw event.
+    """
+
+    __slots__ = ("_closed", "_manager", "_raw_stream", "_sub", "_sub_key", "events")
+
+    def __init__(
+        self,
+        manager: SharedStreamManager,
+        sub_key: tuple[str, Hashable],
+        sub: _Subscriber,
+        trigger: BaseEventTrigger,
+        raw_stream: AsyncIterator[Any],
+    ) -> None:
+        self._manager = manager
+        self._sub_key = sub_key
+        self._sub = sub
+        self._raw_stream = raw_stream
+        self._closed = False
+        self.events: AsyncIterator[TriggerEvent] = trigger.filter_shared_stream(raw_stream)
+
+    def failed(self, exc: BaseException) -> None:
+        """Iterating ``events`` raised ``exc``: the filter is not done with its raw event.
+
+        The subscriber is failed out of what it holds (redelivered) instead of acking
+        the event it is on; a crash (not a cancellation) is a failed attempt of that
+        event. Not for errors of the caller's own (they close the subscription).
+        """
+        sub = self._sub
+        group = sub.group
+        if sub.failure is None and not group.frozen:
+            group.force_fail(sub, exc, sub.current if isinstance(exc, Exception) else None)
+
+    async def aclose(self, how: str = CONSUMER_CLOSED) -> None:
+        """Leave the group: the event the subscriber is on counts as moved past, what
+        it has not pulled fails; the filter is closed (its ``finally`` blocks run now,
+        in this task), then its raw stream. Once; ``how`` is for the leaving observer."""
+        if self._closed:
+            return
+        self._closed = True
+        sub = self._sub
+        manager = self._manager
+        if not sub.closed and sub.failure is None and not sub.group.frozen:
+            manager._leaving(sub, how)  # before it detaches: the observer may fail the group
+        manager._detach(self._sub_key, sub)
+        await _close_pipeline(self.events, self._raw_stream)
 
 
 def _check_limits(max_subscriber_queue: int, ack_timeout: float, overflow: str) -> None:

@@ -196,6 +196,27 @@ def _is_zero(topic_id: Any) -> bool:
     )
 
 
+class _Handout:
+    """One partition's run of a fetch, as the engine takes it (see ``_hand_out``).
+
+    Its length (that of the run: an upper bound, should records turn stale) lets the
+    engine take the whole run at once when its watchers' queues have room for it.
+    """
+
+    __slots__ = ("_epoch", "_producer", "_records")
+
+    def __init__(self, producer: KafkaStreamProducer, records: list[KafkaMessage], epoch: int):
+        self._producer = producer
+        self._records = records
+        self._epoch = epoch
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def __iter__(self) -> Iterator[tuple[Any, Any]]:
+        return self._producer._hand_out(self._records, self._epoch)
+
+
 class KafkaStreamProducer(SharedStreamProducer):
     """Consumes a Kafka consumer group for one shared stream and commits what the engine advances.
 
@@ -308,7 +329,7 @@ class KafkaStreamProducer(SharedStreamProducer):
                 ends.append(len(batch))
                 for start, end in zip(starts, ends, strict=True):
                     run = batch[start:end]
-                    yield LaneBatch(run[0].lane, self._hand_out(run, epoch))
+                    yield LaneBatch(run[0].lane, _Handout(self, run, epoch))
         finally:
             if ahead is not None:
                 ahead.cancel()  # its records were not handed out: they are redelivered
