@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Hashable, Iterable, Sequence
+from collections.abc import AsyncIterator, Hashable, Iterable, Iterator, Sequence
 from typing import Any
 
 from acklane.core import AdvanceItem, BaseEventTrigger, SharedStreamManager, TriggerEvent
@@ -139,3 +139,25 @@ async def test_a_lane_batch_paused_midway_goes_on_where_it_stopped() -> None:
         overflow="pause",
     )
     assert [r for batch in producer.advanced for r in batch] == records
+
+
+async def test_a_lane_batch_is_taken_at_once_or_pair_by_pair_alike() -> None:
+    # pairs with a length are broadcast at once (one extend per member) when every
+    # queue has room; pairs without (a lazy producer's) are taken one by one: members
+    # see the same events, in order, and each lane is advanced in order either way
+    records = [("a", i) for i in range(6)]
+    at_once, bound_at_once = await _run([LaneBatch("a", [(r, r) for r in records])], 2)
+    lazy, bound_lazy = await _run([LaneBatch("a", _Lazy([(r, r) for r in records]))], 2)
+    assert bound_at_once == bound_lazy == [[f"m{i}" for i in range(6)]] * 2
+    for producer in (at_once, lazy):
+        assert [r for batch in producer.advanced for r in batch] == records
+
+
+class _Lazy:
+    """Pairs without a length, each made as it is taken (as a lazy producer's are)."""
+
+    def __init__(self, pairs: list[tuple[Any, Any]]) -> None:
+        self.pairs = pairs
+
+    def __iter__(self) -> Iterator[tuple[Any, Any]]:
+        yield from self.pairs

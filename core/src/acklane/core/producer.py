@@ -58,7 +58,10 @@ class LaneBatch(NamedTuple):
 
     The engine then takes ``lane`` as the lane of every pair (it does not call
     ``get_advance_lane`` for them, which must agree) and finds the lane's ledger
-    once per batch instead of once per pair.
+    once per batch instead of once per pair. Pairs that have a length (``len()``)
+    may be taken all at once, with no await in between, when every member's queue
+    has room for them all; the length may be an upper bound (lazily checked pairs
+    that turn out stale as they are taken).
     """
 
     lane: Hashable
