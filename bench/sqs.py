@@ -23,79 +23,43 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
+import functools
 import logging
-import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from typing import Any
 
 import aioboto3
+from _versus_bare import (  # the bench directory, not a package: found through sys.path
+    Feeder,
+    Result,
+    add_repeat,
+    arguments,
+    best_of,
+    engine_seconds,
+    print_table,
+    print_verdict,
+    started,
+    timed,
+)
 
 from acklane.connectors.sqs import SqsConfig, SqsMessageTrigger, SqsStreamProducer
-from acklane.core.manager import SharedStreamManager
 from acklane.core.producer import AdvanceItem, AdvanceOutcome
 from acklane.integration.emulator import emulator_for
 from acklane.integration.sqs import SqsQueues
 
 STEADY_OPERATIONS = ("ReceiveMessage", "DeleteMessageBatch", "ChangeMessageVisibilityBatch")
-TARGET_CALLS_PER_MESSAGE = 0.25
 CLEAN = AdvanceOutcome(acked=1, failed=0)
 
 
-@dataclass
-class Result:
-    name: str
-    messages: int
-    seconds: float
-    calls: int
-
-    @property
-    def rate(self) -> float:
-        return self.messages / self.seconds
-
-    @property
-    def calls_per_message(self) -> float:
-        return self.calls / self.messages
-
-
-class Feeder:
-    """Keeps a queue's backlog small but never empty until ``total`` messages were sent."""
-
-    def __init__(self, queues: SqsQueues, url: str, total: int, backlog: int) -> None:
-        self.queues, self.url, self.total, self.backlog = queues, url, total, backlog
-        self.sent = 0
-        self.consumed = 0
-
-    async def prefill(self) -> None:
-        await self._send(min(2 * self.backlog, self.total))
-
-    async def run(self) -> None:
-        while self.sent < self.total:
-            if self.sent - self.consumed < self.backlog:
-                await self._send(min(self.backlog, self.total - self.sent))
-            else:
-                await asyncio.sleep(0.005)
-
-    async def _send(self, n: int) -> None:
-        await self.queues.send(self.url, (f'{{"n": {self.sent + i}}}' for i in range(n)))
-        self.sent += n
-
-
-async def timed(feeder: Feeder, consume: Callable[[], Any]) -> float:
-    await feeder.prefill()
-    started = time.perf_counter()
-    async with asyncio.TaskGroup() as tg:
-        tg.create_task(feeder.run())
-        await consume()
-    return time.perf_counter() - started
+def feeder_of(queues: SqsQueues, url: str, total: int, backlog: int) -> Feeder:
+    """Keeps the queue's backlog small but never empty until ``total`` messages were sent."""
+    return Feeder(functools.partial(queues.send, url), total, backlog, idle=0.005)
 
 
 async def bare_loop(
     settings: dict[str, Any], queues: SqsQueues, total: int, backlog: int
 ) -> Result:
     url = await queues.create("bench-bare")
-    feeder = Feeder(queues, url, total, backlog)
+    feeder = feeder_of(queues, url, total, backlog)
     calls = 0
     session = aioboto3.Session(
         aws_access_key_id=settings["aws_access_key_id"],
@@ -136,7 +100,7 @@ async def producer_direct(
     settings: dict[str, Any], queues: SqsQueues, total: int, backlog: int
 ) -> Result:
     url = await queues.create("bench-producer")
-    feeder = Feeder(queues, url, total, backlog)
+    feeder = feeder_of(queues, url, total, backlog)
     producer = SqsStreamProducer(SqsConfig(queue_url=url, wait_time_seconds=1, **settings))
     stream = producer.open_stream()
 
@@ -170,91 +134,50 @@ async def through_engine(
     settings: dict[str, Any], queues: SqsQueues, total: int, backlog: int, watchers: int
 ) -> Result:
     url = await queues.create("bench-engine")
-    feeder = Feeder(queues, url, total, backlog)
-    manager = SharedStreamManager(max_subscriber_queue=1024, ack_timeout=300.0)
+    feeder = feeder_of(queues, url, total, backlog)
     BenchWatcher.producers.clear()
-    seen = [0] * watchers
-    all_seen = asyncio.Event()
-
-    async def watch(i: int) -> None:
-        trigger = BenchWatcher(queue_url=url, wait_time_seconds=1, **settings)
-        key = trigger.shared_stream_key()
-        events: AsyncIterator[Any] = manager.events(trigger_id=f"w{i}", trigger=trigger, key=key)
-        async for _event in events:
-            seq = manager.bind_pending_event(trigger_id=f"w{i}", key=key)
-            if seq is not None:
-                manager.confirm_persisted([seq])
-            seen[i] += 1
-            if i == 0:
-                feeder.consumed = seen[0]
-            if min(seen) >= total:
-                all_seen.set()
-
-    async def consume() -> None:
-        async with asyncio.TaskGroup() as tg:
-            for i in range(watchers):
-                tg.create_task(watch(i))
-            await all_seen.wait()
-            producer = BenchWatcher.producers[0]
-            while producer.deleted < total:  # the last advances land
-                await asyncio.sleep(0.005)
-            await manager.stop_all()
-
-    seconds = await timed(feeder, consume)
+    seconds = await engine_seconds(
+        feeder,
+        watchers,
+        lambda: BenchWatcher(queue_url=url, wait_time_seconds=1, **settings),
+        lambda: BenchWatcher.producers[0].deleted >= total,  # the last advances land
+        poll=0.005,
+        time_the_stop=True,
+    )
     [producer] = BenchWatcher.producers
     return Result(f"acklane engine, {watchers} watchers", total, seconds, steady_calls(producer))
 
 
 def report(results: list[Result]) -> None:
-    base = results[0]
-    print(f"{'consumer':<30} {'msgs':>6} {'msgs/s':>9} {'x base':>7} {'calls/msg':>10}")
-    for r in results:
-        print(
-            f"{r.name:<30} {r.messages:>6} {r.rate:>9.1f} {r.rate / base.rate:>7.2f} "
-            f"{r.calls_per_message:>10.3f}"
-        )
-    worst = max(r.calls_per_message for r in results[1:])
-    verdict = "PASS" if worst <= TARGET_CALLS_PER_MESSAGE else "MISS"
-    print(
-        f"{verdict} acklane SQS calls/message = {worst:.3f} at worst "
-        f"(target <= {TARGET_CALLS_PER_MESSAGE})"
-    )
-    engine = results[-1]
+    print_table(results)
+    print_verdict("SQS", results[1:])
+    base, engine = results[0], results[-1]
     print(f"acklane engine / bare loop = {engine.rate / base.rate:.2f} (messages/s)")
 
 
 async def main(args: argparse.Namespace) -> None:
     logging.getLogger("acklane.connectors.sqs").setLevel(logging.ERROR)  # no-DLQ notices
-    emulator = emulator_for("sqs")
-    emulator.start()
-    try:
-        settings = emulator.client_settings()
-        print(f"SQS emulator: {emulator.backend} at {emulator.endpoint}")
-        runs: list[list[Result]] = []
-        for _ in range(args.repeat):  # interleaved, so a busy moment hurts all alike
+    with started(emulator_for("sqs"), "SQS") as settings:
+
+        async def one_round() -> list[Result]:
             async with SqsQueues(settings) as queues:
-                runs.append(
-                    [
-                        await bare_loop(settings, queues, args.messages, args.backlog),
-                        await producer_direct(settings, queues, args.messages, args.backlog),
-                        await through_engine(
-                            settings, queues, args.messages, args.backlog, args.watchers
-                        ),
-                    ]
-                )
-        print(f"best of {args.repeat} runs per consumer")
-        report([max(column, key=lambda r: r.rate) for column in zip(*runs, strict=True)])
-    finally:
-        with contextlib.suppress(Exception):
-            emulator.stop()
+                return [
+                    await bare_loop(settings, queues, args.messages, args.backlog),
+                    await producer_direct(settings, queues, args.messages, args.backlog),
+                    await through_engine(
+                        settings, queues, args.messages, args.backlog, args.watchers
+                    ),
+                ]
+
+        report(await best_of(args.repeat, one_round))
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--messages", type=int, default=1000, help="messages per consumer")
-    parser.add_argument("--backlog", type=int, default=30, help="queue backlog kept by the feeder")
-    parser.add_argument(
-        "--watchers", type=int, default=3, help="watchers sharing the engine's poll"
+    parser = arguments(
+        __doc__,
+        messages=1000,
+        backlog=(30, "queue backlog kept by the feeder"),
+        watchers=(3, "watchers sharing the engine's poll"),
     )
-    parser.add_argument("--repeat", type=int, default=3, help="runs per consumer; the best counts")
+    add_repeat(parser, 3)
     asyncio.run(main(parser.parse_args()))

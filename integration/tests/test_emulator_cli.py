@@ -114,17 +114,11 @@ def test_kafka_from_a_configuration_listens_where_it_reaches_and_creates_its_top
 
 
 def test_sqs_queues_get_their_dead_letter_queue_as_redrive_target(start: Any) -> None:
-    import boto3
+    from acklane.integration.sqs import sqs_client
 
     started = start("sqs", "--queue", "orders:orders-dlq", "--format", "json")
     settings = json.loads(started.out[0])
-    client = boto3.client(
-        "sqs",
-        endpoint_url=settings["endpoint_url"],
-        region_name=settings["region"],
-        aws_access_key_id=settings["aws_access_key_id"],
-        aws_secret_access_key=settings["aws_secret_access_key"],
-    )
+    client = sqs_client(settings)
     orders = client.get_queue_url(QueueName="orders")["QueueUrl"]
     dlq = client.get_queue_url(QueueName="orders-dlq")["QueueUrl"]
     attributes = client.get_queue_attributes(QueueUrl=orders, AttributeNames=["All"])["Attributes"]

@@ -161,15 +161,9 @@ def _kafka_dead_letters(settings: dict[str, Any]) -> list[tuple[bytes, str]]:
 
 
 def _sqs_dead_letters(settings: dict[str, Any]) -> list[tuple[bytes, str]]:
-    import boto3
+    from acklane.integration.sqs import sqs_client
 
-    client = boto3.client(
-        "sqs",
-        endpoint_url=settings["endpoint_url"],
-        region_name=settings["region"],
-        aws_access_key_id=settings["aws_access_key_id"],
-        aws_secret_access_key=settings["aws_secret_access_key"],
-    )
+    client = sqs_client(settings)
     try:
         url = client.get_queue_url(QueueName="orders-dlq")["QueueUrl"]
         got = client.receive_message(

@@ -91,18 +91,12 @@ def test_kafka_with_several_topics_needs_topic_and_envelopes_set_each_message(
 def test_sqs_messages_arrive_with_their_attributes_and_no_secret_is_printed(
     sqs_emulator: Emulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import boto3
+    from acklane.integration.sqs import sqs_client
 
     secret = f"planted-{uuid.uuid4().hex}"
     monkeypatch.setenv("PLANTED_AWS_SECRET", secret)
     settings = sqs_emulator.client_settings()
-    client = boto3.client(
-        "sqs",
-        endpoint_url=settings["endpoint_url"],
-        region_name=settings["region"],
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-    )
+    client = sqs_client(settings)
     name = f"publish-{uuid.uuid4().hex[:8]}"
     url = client.create_queue(QueueName=name)["QueueUrl"]
     block = {

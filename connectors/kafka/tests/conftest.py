@@ -1,4 +1,5 @@
-"""Fixtures of the Kafka connector's tests: connector configs and open streams.
+"""Fixtures of the Kafka connector's tests: connector configs, open streams, and a
+stream whose SASL login the broker refuses.
 
 The session's broker and its kit come from acklane's pytest plugin (``kafka_emulator``,
 ``kafka_kit``);
@@ -16,6 +17,23 @@ import pytest
 
 from acklane.connectors.kafka import KafkaConfig, KafkaDelivery, KafkaMessage, KafkaStreamProducer
 from acklane.integration.kafka import KafkaKit
+
+
+@pytest.fixture
+def refused_sasl_stream(kafka_kit: KafkaKit) -> str:
+    """The YAML of a stream (``orders``, group ``g``) on the emulator with a SASL_PLAINTEXT
+    login, user ``alice``, password ``Secr3tSasl`` (never to be printed): tansu speaks no
+    SASL mechanism a client can complete, so the broker refuses it, a real
+    authentication failure."""
+    return f"""\
+        bootstrap_servers: {kafka_kit.bootstrap_servers}
+        topics: [orders]
+        group_id: g
+        security_protocol: SASL_PLAINTEXT
+        sasl_mechanism: PLAIN
+        sasl_username: alice
+        sasl_password: "Secr3tSasl"
+        """
 
 
 @pytest.fixture

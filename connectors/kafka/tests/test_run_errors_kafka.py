@@ -118,20 +118,9 @@ def test_reconnected_is_told_once_when_the_cluster_comes_back(
 
 
 def test_a_refused_sasl_login_stops_acklane_with_exit_1_and_one_line(
-    tmp_path: Path, kafka_kit: KafkaKit
+    tmp_path: Path, refused_sasl_stream: str
 ) -> None:
-    cfg = _pipeline(
-        tmp_path,
-        f"""\
-        bootstrap_servers: {kafka_kit.bootstrap_servers}
-        topics: [orders]
-        group_id: g
-        security_protocol: SASL_PLAINTEXT
-        sasl_mechanism: PLAIN
-        sasl_username: alice
-        sasl_password: "Secr3tSasl"
-        """,
-    )
+    cfg = _pipeline(tmp_path, refused_sasl_stream)
     with AcklaneRun(cfg) as run:
         code = run.finish(timeout=90)  # it stops by itself
     out, errors = run.output, run.errors

@@ -71,20 +71,8 @@ def test_a_closed_port_names_bootstrap_servers(tmp_path: Path) -> None:
     assert "Connection refused" in detail
 
 
-def test_a_refused_sasl_login(tmp_path: Path, kafka_kit: KafkaKit) -> None:
-    code, document = _validate(
-        tmp_path,
-        f"""\
-        bootstrap_servers: {kafka_kit.bootstrap_servers}
-        topics: [orders]
-        group_id: g
-        security_protocol: SASL_PLAINTEXT
-        sasl_mechanism: PLAIN
-        sasl_username: alice
-        sasl_password: "Secr3tSasl"
-        """,
-        "--connect",
-    )
+def test_a_refused_sasl_login(tmp_path: Path, refused_sasl_stream: str) -> None:
+    code, document = _validate(tmp_path, refused_sasl_stream, "--connect")
     assert code == 3, document
     detail = _stream_check(document)["detail"]
     assert "Kafka authentication failed" in detail

@@ -8,25 +8,24 @@ SIGKILLs one.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 import sqlite3
 import subprocess
 import sys
 import textwrap
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
 
 from acklane.connectors.pubsub import PubSubMessage, PubSubMessageTrigger, PubSubStreamProducer
-from acklane.core.manager import SharedStreamManager
 from acklane.core.producer import AdvanceItem
 from acklane.core.trigger import AckTimeout, TriggerEvent, reject_shared_stream_event
 from acklane.integration.emulator import Emulator
 from acklane.integration.pubsub import PubSubKit
+from acklane.integration.testing import eventually, run_engine
 
 
 class Watcher(PubSubMessageTrigger):
@@ -93,62 +92,6 @@ def _fresh() -> None:
     Watcher.producers.clear()
 
 
-class Engine:
-    def __init__(self, manager: SharedStreamManager, tg: asyncio.TaskGroup) -> None:
-        self.manager = manager
-        self.tg = tg
-        self.seen: dict[str, list[dict[str, Any]]] = {}
-        self.errors: dict[str, BaseException] = {}
-
-    def watch(self, trigger_id: str, trigger: PubSubMessageTrigger) -> None:
-        self.seen.setdefault(trigger_id, [])
-        self.errors.pop(trigger_id, None)
-        self.tg.create_task(self._consume(trigger_id, trigger))
-
-    async def _consume(self, trigger_id: str, trigger: PubSubMessageTrigger) -> None:
-        key = trigger.shared_stream_key()
-        try:
-            async for event in self.manager.events(trigger_id=trigger_id, trigger=trigger, key=key):
-                seq = self.manager.bind_pending_event(trigger_id=trigger_id, key=key)
-                self.seen[trigger_id].append(event.payload)
-                if seq is not None:
-                    self.manager.confirm_persisted([seq])
-        except Exception as exc:
-            self.errors[trigger_id] = exc
-
-    def bodies(self, trigger_id: str) -> list[str]:
-        return [p["body"] for p in self.seen[trigger_id]]
-
-
-@contextlib.asynccontextmanager
-async def engine(ack_timeout: float = 30.0) -> AsyncIterator[Engine]:
-    manager = SharedStreamManager(
-        max_subscriber_queue=1024, ack_timeout=ack_timeout, cohort_grace_period=0.0
-    )
-    async with asyncio.TaskGroup() as tg:
-        running = Engine(manager, tg)
-        try:
-            yield running
-        finally:
-            await manager.stop_all()
-
-
-async def eventually(
-    check: Callable[[], bool | Awaitable[bool]], what: str, timeout: float = 20.0
-) -> None:
-    try:
-        async with asyncio.timeout(timeout):
-            while True:
-                result = check()
-                if isinstance(result, Awaitable):
-                    result = await result
-                if result:
-                    return
-                await asyncio.sleep(0.05)
-    except TimeoutError:
-        raise AssertionError(f"not within {timeout}s: {what}") from None
-
-
 async def test_watchers_share_one_pull_and_clean_messages_are_acked(
     settings: dict[str, Any], kit: PubSubKit
 ) -> None:
@@ -156,7 +99,7 @@ async def test_watchers_share_one_pull_and_clean_messages_are_acked(
     sub = await kit.create_subscription(topic)
     bodies = [f"m{i}" for i in range(30)]
     await kit.publish(topic, bodies)
-    async with engine() as e:
+    async with run_engine() as e:
         e.watch("a", Watcher(subscription=sub, **settings))
         e.watch("b", Watcher(subscription=sub, **settings))
         await eventually(lambda: len(e.seen["a"]) == len(e.seen["b"]) == 30, "both saw all")
@@ -174,7 +117,7 @@ async def test_a_slow_watcher_keeps_the_lease_until_its_ack_timeout_then_redeliv
     sub = await kit.create_subscription(topic, ack_deadline=1)
     await kit.publish(topic, ["slow"])
     config = {**settings, "subscription": sub, "ack_deadline": 2}
-    async with engine(ack_timeout=4.0) as e:
+    async with run_engine(ack_timeout=4.0) as e:
         e.watch("fast", Watcher(**config))
         e.watch("slow", SlowOn(slow_body="slow", work_seconds=6.0, **config))
         await eventually(lambda: len(e.seen["fast"]) == 1, "the fast watcher saw it")
@@ -193,7 +136,7 @@ async def test_a_rejected_message_reaches_the_dead_letter_topic_with_the_reason(
     sub, dlq_sub = await kit.create_subscription(topic), await kit.create_subscription(dlq)
     [poison_id] = await kit.publish(topic, ["poison"])
     await kit.publish(topic, ["fine"])
-    async with engine() as e:
+    async with run_engine() as e:
         e.watch("w", Rejecting(subscription=sub, dead_letter_topic=dlq, **settings))
         await eventually(lambda: e.bodies("w") == ["fine"], "the fine one fired")
         await eventually(lambda: Watcher.producers[0].dead_lettered == 1, "dead-lettered")
@@ -214,7 +157,7 @@ async def test_an_advance_error_fails_the_group_and_a_restart_gets_the_message_a
     await kit.publish(topic, ["once"])
     BrokenOnce.broken = False  # type: ignore[attr-defined]
     fields = {**settings, "restart_lease_hold": hold}
-    async with engine() as e:
+    async with run_engine() as e:
         e.watch("w", WithBrokenProducer(subscription=sub, **fields))
         await eventually(lambda: "w" in e.errors, "the group failed")
         assert "the broker said no" in repr(e.errors["w"])
@@ -295,7 +238,7 @@ async def test_two_runners_share_a_subscription_and_the_survivor_of_a_sigkill_fi
                     )
                 )
         ids = await kit.publish(topic, [f'{{"job": {i}}}' for i in range(60)])
-        await eventually(lambda: len(stored(db)) >= 15, "some events stored", timeout=40)
+        await eventually(lambda: len(stored(db)) >= 15, "some events stored", within=40)
         processes[0].send_signal(signal.SIGKILL)
         processes[0].wait(timeout=10)
         ids += await kit.publish(topic, [f'{{"job": {i}}}' for i in range(60, 80)])
@@ -305,7 +248,7 @@ async def test_two_runners_share_a_subscription_and_the_survivor_of_a_sigkill_fi
             return {m.rsplit("/", 1)[1].split("@")[0] for m, _ in stored(db)} == expected
 
         try:
-            await eventually(all_stored, "every message stored once", timeout=60)
+            await eventually(all_stored, "every message stored once", within=60)
         except AssertionError:
             tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
             raise AssertionError(f"not all stored; runner log:\n{tail}") from None

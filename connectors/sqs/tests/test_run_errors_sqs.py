@@ -23,10 +23,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
 
 from acklane.integration.emulator import Emulator, free_port, wait_for_port
+from acklane.integration.sqs import sqs_client
 from acklane.integration.testing import AcklaneRun, stream_check, validate_json, write_pipeline
 
 
@@ -50,14 +50,7 @@ def strict_moto() -> Iterator[str]:
 
 @pytest.fixture
 def queues(sqs_emulator: Emulator) -> dict[str, str]:
-    settings = sqs_emulator.client_settings()
-    client = boto3.client(
-        "sqs",
-        endpoint_url=settings["endpoint_url"],
-        region_name=settings["region"],
-        aws_access_key_id=settings["aws_access_key_id"],
-        aws_secret_access_key=settings["aws_secret_access_key"],
-    )
+    client = sqs_client(sqs_emulator.client_settings())
     suffix = str(time.monotonic_ns())
     return {
         "queue": client.create_queue(QueueName=f"orders-{suffix}")["QueueUrl"],

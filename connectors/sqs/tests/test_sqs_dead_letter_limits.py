@@ -10,69 +10,19 @@ fails, and the original is never deleted.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from sqs_harness import open_stream, rejected
 
-from acklane.connectors.sqs import (
-    SqsAdvanceError,
-    SqsConfig,
-    SqsDelivery,
-    SqsMessage,
-    SqsStreamProducer,
-)
+from acklane.connectors.sqs import SqsAdvanceError
 from acklane.core.deadletter import REASON_MAX_BYTES, TRUNCATED_MARK
-from acklane.core.producer import AdvanceItem, AdvanceOutcome
-from acklane.integration.emulator import Emulator
+from acklane.core.producer import AdvanceOutcome
 from acklane.integration.sqs import SqsQueues
 
 CLEAN = AdvanceOutcome(acked=1, failed=0)
 SMALLEST = {"MaximumMessageSize": "1024"}  # SQS's lowest allowed limit
-
-Pulled = tuple[SqsMessage, SqsDelivery]
-
-
-def rejected(*reasons: str) -> AdvanceOutcome:
-    return AdvanceOutcome(acked=0, failed=0, rejected=1, reject_reasons=reasons)
-
-
-@pytest.fixture
-def settings(sqs_emulator: Emulator) -> dict[str, Any]:
-    return sqs_emulator.client_settings()
-
-
-@pytest.fixture
-async def queues(settings: dict[str, Any]) -> AsyncIterator[SqsQueues]:
-    async with SqsQueues(settings) as q:
-        yield q
-
-
-class Stream:
-    def __init__(self, producer: SqsStreamProducer) -> None:
-        self.producer = producer
-        self.iterator = producer.open_stream()
-
-    async def pull(self, n: int = 1, timeout: float = 15.0) -> list[Pulled]:
-        async with asyncio.timeout(timeout):
-            return [await anext(self.iterator) for _ in range(n)]
-
-    async def advance(self, *items: tuple[Pulled, AdvanceOutcome]) -> None:
-        await self.producer.advance([AdvanceItem(p[1], outcome) for p, outcome in items])
-
-
-@contextlib.asynccontextmanager
-async def open_stream(settings: dict[str, Any], **fields: Any) -> AsyncIterator[Stream]:
-    config = SqsConfig(**{**settings, "wait_time_seconds": 1, **fields})
-    stream = Stream(SqsStreamProducer(config))
-    try:
-        yield stream
-    finally:
-        await stream.iterator.aclose()
-        await stream.producer.aclose()
 
 
 def reason_of(copy: dict[str, Any]) -> str:

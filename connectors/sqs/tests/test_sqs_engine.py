@@ -7,17 +7,15 @@ and confirmed persisted at once.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, ClassVar
 
 import pytest
 
 from acklane.connectors.sqs import SqsMessage, SqsMessageTrigger, SqsStreamProducer
-from acklane.core.manager import SharedStreamManager
 from acklane.core.trigger import AckTimeout, TriggerEvent, reject_shared_stream_event
-from acklane.integration.emulator import Emulator
 from acklane.integration.sqs import SqsQueues
+from acklane.integration.testing import eventually, run_engine
 
 
 class Watcher(SqsMessageTrigger):
@@ -56,14 +54,8 @@ class Rejecting(Watcher):
 
 
 @pytest.fixture
-def settings(sqs_emulator: Emulator) -> dict[str, Any]:
-    return {**sqs_emulator.client_settings(), "wait_time_seconds": 1}
-
-
-@pytest.fixture
-async def queues(settings: dict[str, Any]) -> AsyncIterator[SqsQueues]:
-    async with SqsQueues(settings) as q:
-        yield q
+def settings(settings: dict[str, Any]) -> dict[str, Any]:
+    return {**settings, "wait_time_seconds": 1}
 
 
 @pytest.fixture(autouse=True)
@@ -71,73 +63,9 @@ def _fresh_producer_log() -> None:
     Watcher.producers.clear()
 
 
-class Engine:
-    """A manager plus watcher tasks; every yielded event is persisted at once."""
-
-    def __init__(self, manager: SharedStreamManager, tg: asyncio.TaskGroup) -> None:
-        self.manager = manager
-        self.tg = tg
-        self.seen: dict[str, list[dict[str, Any]]] = {}
-        self.errors: dict[str, BaseException] = {}
-        #: Events of this FIFO group are persisted only when release_held() is called.
-        self.hold_group: str | None = None
-        self.held: list[int] = []
-
-    def release_held(self) -> None:
-        self.hold_group = None
-        self.manager.confirm_persisted(self.held)
-        self.held.clear()
-
-    def watch(self, trigger_id: str, trigger: SqsMessageTrigger) -> None:
-        self.seen[trigger_id] = []
-        self.tg.create_task(self._consume(trigger_id, trigger))
-
-    async def _consume(self, trigger_id: str, trigger: SqsMessageTrigger) -> None:
-        key = trigger.shared_stream_key()
-        try:
-            async for event in self.manager.events(trigger_id=trigger_id, trigger=trigger, key=key):
-                seq = self.manager.bind_pending_event(trigger_id=trigger_id, key=key)
-                self.seen[trigger_id].append(event.payload)
-                if seq is None:
-                    continue
-                if self.hold_group is not None and event.payload["group_id"] == self.hold_group:
-                    self.held.append(seq)  # a slow store write: the message stays unresolved
-                else:
-                    self.manager.confirm_persisted([seq])
-        except Exception as exc:
-            self.errors[trigger_id] = exc
-
-    def bodies(self, trigger_id: str) -> list[str]:
-        return [p["body"] for p in self.seen[trigger_id]]
-
-
-@contextlib.asynccontextmanager
-async def engine(ack_timeout: float = 30.0) -> AsyncIterator[Engine]:
-    manager = SharedStreamManager(
-        max_subscriber_queue=1024, ack_timeout=ack_timeout, cohort_grace_period=0.0
-    )
-    async with asyncio.TaskGroup() as tg:
-        running = Engine(manager, tg)
-        try:
-            yield running
-        finally:
-            await manager.stop_all()
-
-
-async def eventually(
-    check: Callable[[], bool | Awaitable[bool]], what: str, timeout: float = 20.0
-) -> None:
-    try:
-        async with asyncio.timeout(timeout):
-            while True:
-                result = check()
-                if isinstance(result, Awaitable):
-                    result = await result
-                if result:
-                    return
-                await asyncio.sleep(0.05)
-    except TimeoutError:
-        raise AssertionError(f"not within {timeout}s: {what}") from None
+def in_group(group_id: str) -> Callable[[str, Mapping[str, Any]], bool]:
+    """Hold back the events of this FIFO group (``EngineDriver.hold``)."""
+    return lambda _trigger_id, payload: payload["group_id"] == group_id
 
 
 async def test_watchers_of_one_queue_share_one_poll_and_clean_messages_are_deleted(
@@ -146,7 +74,7 @@ async def test_watchers_of_one_queue_share_one_poll_and_clean_messages_are_delet
     url = await queues.create()
     bodies = [f"m{i}" for i in range(30)]
     await queues.send(url, bodies)
-    async with engine() as e:
+    async with run_engine() as e:
         e.watch("a", Watcher(queue_url=url, **settings))
         e.watch("b", Watcher(queue_url=url, **settings))
         await eventually(lambda: len(e.seen["a"]) == len(e.seen["b"]) == 30, "both saw all")
@@ -163,7 +91,7 @@ async def test_heartbeat_outlasts_visibility_and_ack_timeout_then_redelivers(
 ) -> None:
     url = await queues.create(visibility_timeout=2)
     await queues.send(url, ["slow"])
-    async with engine(ack_timeout=4.0) as e:
+    async with run_engine(ack_timeout=4.0) as e:
         e.watch("fast", Watcher(queue_url=url, **settings))
         e.watch("slow", SlowOn(queue_url=url, slow_body="slow", work_seconds=5.0, **settings))
         await eventually(lambda: len(e.seen["fast"]) == 1, "fast watcher saw it")
@@ -186,7 +114,7 @@ async def test_rejected_message_reaches_the_dead_letter_queue_with_the_watchers_
     dlq = await queues.create("dlq")
     [poison_id] = await queues.send(url, ["poison"])
     await queues.send(url, ["fine"])
-    async with engine() as e:
+    async with run_engine() as e:
         e.watch("w", Rejecting(queue_url=url, dead_letter_queue_url=dlq, **settings))
         await eventually(lambda: e.bodies("w") == ["fine"], "the fine one fired")
         await eventually(lambda: Watcher.producers[0].dead_lettered == 1, "dead-lettered")
@@ -203,8 +131,8 @@ async def test_fifo_group_held_unresolved_does_not_block_other_groups(
     url = await queues.create(fifo=True)
     await queues.send(url, ["h1", "h2"], group_id="held")
     await queues.send(url, [f"f{i}" for i in range(3)], group_id="free")
-    async with engine() as e:
-        e.hold_group = "held"
+    async with run_engine() as e:
+        e.hold = in_group("held")
         e.watch("w", Watcher(queue_url=url, max_messages=1, **settings))
         # h1 stays unresolved (its trigger event not yet persisted): SQS holds back h2,
         # while the other group's lane advances and SQS keeps delivering it.
@@ -222,8 +150,8 @@ async def test_a_restarted_group_takes_over_its_unresolved_messages_without_rece
     # unchanged, so restarts do not walk them towards the queue's redrive policy.
     url = await queues.create(fifo=True, visibility_timeout=300)
     await queues.send(url, ["h1", "h2"], group_id="held")
-    async with engine() as e:
-        e.hold_group = "held"
+    async with run_engine() as e:
+        e.hold = in_group("held")
         first = Watcher(queue_url=url, **settings)
         key = first.shared_stream_key()
         e.watch("w", first)
@@ -234,7 +162,7 @@ async def test_a_restarted_group_takes_over_its_unresolved_messages_without_rece
         assert Watcher.producers[0].parked == 2
         assert await queues.counts(url) == (0, 2)
 
-        e.hold_group = None
+        e.hold = None
         e.watch("w2", Watcher(queue_url=url, **settings))
         await eventually(lambda: e.bodies("w2") == ["h1", "h2"], "taken over, in order")
         assert [p["receive_count"] for p in e.seen["w2"]] == [1, 1]

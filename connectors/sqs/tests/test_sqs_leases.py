@@ -13,80 +13,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import aioboto3
 import pytest
+from sqs_harness import Stream, eventually, open_stream
 
-from acklane.connectors.sqs import SqsConfig, SqsDelivery, SqsMessage, SqsStreamProducer
+from acklane.connectors.sqs import SqsConfig, SqsStreamProducer
 from acklane.core.producer import AdvanceItem, AdvanceOutcome
-from acklane.integration.emulator import Emulator
 from acklane.integration.sqs import SqsQueues
 
 CLEAN = AdvanceOutcome(acked=1, failed=0)
 FAILED = AdvanceOutcome(acked=0, failed=1)
-
-Pulled = tuple[SqsMessage, SqsDelivery]
-
-
-@pytest.fixture
-def settings(sqs_emulator: Emulator) -> dict[str, Any]:
-    return sqs_emulator.client_settings()
-
-
-@pytest.fixture
-async def queues(settings: dict[str, Any]) -> AsyncIterator[SqsQueues]:
-    async with SqsQueues(settings) as q:
-        yield q
-
-
-class Stream:
-    """A producer with its open stream; pulls with a deadline so a bug can't hang a test."""
-
-    def __init__(self, producer: SqsStreamProducer) -> None:
-        self.producer = producer
-        self.iterator = producer.open_stream()
-
-    async def pull(self, n: int = 1, timeout: float = 15.0) -> list[Pulled]:
-        async with asyncio.timeout(timeout):
-            return [await anext(self.iterator) for _ in range(n)]
-
-    async def advance(self, *items: tuple[Pulled, AdvanceOutcome]) -> None:
-        await self.producer.advance([AdvanceItem(p[1], outcome) for p, outcome in items])
-
-    async def close(self) -> None:
-        """What the engine does when a group stops: close the stream, then the producer."""
-        await self.iterator.aclose()
-        await self.producer.aclose()
-
-
-@contextlib.asynccontextmanager
-async def open_stream(
-    settings: dict[str, Any], *, session: Any = None, **fields: Any
-) -> AsyncIterator[Stream]:
-    config = SqsConfig(**{**settings, "wait_time_seconds": 1, **fields})
-    stream = Stream(SqsStreamProducer(config, session=session))
-    try:
-        yield stream
-    finally:
-        await stream.close()
-
-
-async def eventually(
-    check: Callable[[], bool | Awaitable[bool]], what: str, timeout: float = 15.0
-) -> None:
-    try:
-        async with asyncio.timeout(timeout):
-            while True:
-                result = check()
-                if isinstance(result, Awaitable):
-                    result = await result
-                if result:
-                    return
-                await asyncio.sleep(0.05)
-    except TimeoutError:
-        raise AssertionError(f"not within {timeout}s: {what}") from None
 
 
 async def receive_counts(queues: SqsQueues, url: str) -> dict[str, int]:

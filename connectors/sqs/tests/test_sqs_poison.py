@@ -8,7 +8,6 @@ written beside the pipeline file as a user would: ``{"id": 2}`` has no ``amount`
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -17,20 +16,8 @@ import pytest
 from acklane.core.config import AcklaneConfig
 from acklane.core.deadletter import ORIGIN_MESSAGE_ID, ORIGIN_QUEUE, REJECT_REASON
 from acklane.core.runner import Runner
-from acklane.integration.emulator import Emulator
 from acklane.integration.sqs import SqsQueues
 from acklane.integration.testing import ORDERS, fired_ids, poison_pipeline, run_until
-
-
-@pytest.fixture
-def settings(sqs_emulator: Emulator) -> dict[str, Any]:
-    return sqs_emulator.client_settings()
-
-
-@pytest.fixture
-async def queues(settings: dict[str, Any]) -> AsyncIterator[SqsQueues]:
-    async with SqsQueues(settings) as q:
-        yield q
 
 
 def pipeline(

@@ -7,91 +7,25 @@ The producer is driven directly: the test pulls from ``open_stream`` and hands
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
+from sqs_harness import eventually, open_stream, rejected
 
 from acklane.connectors.sqs import (
     PACKED_ATTRIBUTES,
     SqsConfig,
     SqsConnectorError,
-    SqsDelivery,
-    SqsMessage,
     SqsStreamProducer,
 )
 from acklane.core.producer import AdvanceItem, AdvanceOutcome
-from acklane.integration.emulator import Emulator
 from acklane.integration.sqs import SqsQueues
 
 CLEAN = AdvanceOutcome(acked=1, failed=0)
 FAILED = AdvanceOutcome(acked=0, failed=1)
 UNCLAIMED = AdvanceOutcome(acked=0, failed=0)
-
-
-def rejected(*reasons: str) -> AdvanceOutcome:
-    return AdvanceOutcome(acked=0, failed=0, rejected=1, reject_reasons=reasons)
-
-
-Pulled = tuple[SqsMessage, SqsDelivery]
-
-
-@pytest.fixture
-def settings(sqs_emulator: Emulator) -> dict[str, Any]:
-    return sqs_emulator.client_settings()
-
-
-@pytest.fixture
-async def queues(settings: dict[str, Any]) -> AsyncIterator[SqsQueues]:
-    async with SqsQueues(settings) as q:
-        yield q
-
-
-class Stream:
-    """A producer with its open stream; pulls with a deadline so a bug can't hang a test."""
-
-    def __init__(self, producer: SqsStreamProducer) -> None:
-        self.producer = producer
-        self.iterator = producer.open_stream()
-
-    async def pull(self, n: int = 1, timeout: float = 15.0) -> list[Pulled]:
-        async with asyncio.timeout(timeout):
-            return [await anext(self.iterator) for _ in range(n)]
-
-    async def advance(self, *items: tuple[Pulled, AdvanceOutcome]) -> None:
-        await self.producer.advance([AdvanceItem(p[1], outcome) for p, outcome in items])
-
-    async def settle(self) -> None:
-        """Wait until every buffered delete / visibility change reached SQS."""
-        await self.producer.flush()
-
-
-@contextlib.asynccontextmanager
-async def open_stream(settings: dict[str, Any], **fields: Any) -> AsyncIterator[Stream]:
-    config = SqsConfig(**{**settings, "wait_time_seconds": 1, **fields})
-    stream = Stream(SqsStreamProducer(config))
-    try:
-        yield stream
-    finally:
-        await stream.iterator.aclose()
-        await stream.producer.aclose()
-
-
-async def eventually(
-    check: Callable[[], bool | Awaitable[bool]], what: str, timeout: float = 15.0
-) -> None:
-    async with asyncio.timeout(timeout):
-        while True:
-            result = check()
-            if isinstance(result, Awaitable):
-                result = await result
-            if result:
-                return
-            await asyncio.sleep(0.05)
-    raise AssertionError(what)  # pragma: no cover
 
 
 async def is_empty(queues: SqsQueues, url: str) -> bool:

@@ -15,25 +15,13 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from acklane.integration.emulator import Emulator
 from acklane.integration.sqs import SqsQueues
-
-
-@pytest.fixture
-def settings(sqs_emulator: Emulator) -> dict[str, Any]:
-    return sqs_emulator.client_settings()
-
-
-@pytest.fixture
-async def queues(settings: dict[str, Any]) -> AsyncIterator[SqsQueues]:
-    async with SqsQueues(settings) as q:
-        yield q
 
 
 def write_config(path: Path, settings: dict[str, Any], queue_url: str) -> Path:

@@ -13,8 +13,10 @@ import importlib
 import os
 import socket
 import subprocess
+import tempfile
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Self
 
@@ -85,14 +87,57 @@ class Emulator(ABC):
 class LocalProcessEmulator(Emulator):
     """An emulator run as a local subprocess whose output goes to a temporary log file.
 
-    Subclasses start ``_process`` and open ``_log`` (a named temporary file); this
-    base stops the one and removes the other, once.
+    Subclasses start it with :meth:`_launch` (which sets ``_process`` and ``_log``, a
+    named temporary file) and may wait for it with :meth:`_wait_answering`; this base
+    stops the one and removes the other, once.
     """
 
     _process: subprocess.Popen[bytes] | None
     _log: Any
     #: How many lines of the log an error message shows.
     log_tail_lines: ClassVar[int] = 20
+
+    @property
+    def running(self) -> bool:
+        """True while the server process is alive."""
+        return self._process is not None and self._process.poll() is None
+
+    def _launch(self, command: Sequence[str], log_prefix: str, failure: str) -> None:
+        """Run ``command``, its output to a new log file (``{log_prefix}*.log``), and
+        return once :meth:`wait_healthy` passed; else stop it and raise EmulatorError
+        ``{failure}:`` with the log's last lines."""
+        self._log = tempfile.NamedTemporaryFile(prefix=log_prefix, suffix=".log", delete=False)  # noqa: SIM115
+        self._process = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # a terminal's Ctrl-C reaches us, and we stop it
+        )
+        try:
+            self.wait_healthy()
+        except BaseException:
+            tail = self._log_tail()
+            self.stop()
+            raise EmulatorError(f"{failure}:\n{tail}") from None
+
+    def _wait_answering(
+        self,
+        what: str,
+        host: str,
+        port: int,
+        timeout: float,
+        answers: Callable[[float, Callable[[], bool]], None],
+    ) -> None:
+        """Block until something listens on ``host:port``, then until
+        ``answers(seconds_left, alive)`` returns (at least 1 s left for it): the
+        check of a real request, which gives up when ``alive()`` turns false."""
+        process = self._process
+        if process is None:
+            raise EmulatorError(f"{what} is not started")
+        deadline = time.monotonic() + timeout
+        wait_for_port(host, port, timeout)
+        answers(max(deadline - time.monotonic(), 1.0), lambda: process.poll() is None)
 
     def stop(self) -> None:
         process, self._process = self._process, None

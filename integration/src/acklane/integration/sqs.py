@@ -1,8 +1,9 @@
 """SQS emulators: moto's server as a local process, or LocalStack under Docker.
 
 Both speak the SQS API on an HTTP endpoint; :meth:`client_settings` gives the
-``connector: sqs`` YAML fields that reach it (endpoint, region, dummy keys).
-:class:`SqsQueues` creates throw-away queues on either, for tests and benchmarks.
+``connector: sqs`` YAML fields that reach it (endpoint, region, dummy keys), and
+:func:`sqs_client` a boto3 client on them. :class:`SqsQueues` creates throw-away
+queues on either, for tests and benchmarks.
 """
 
 from __future__ import annotations
@@ -11,15 +12,14 @@ import contextlib
 import json
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, ClassVar
 
-from .emulator import Emulator, EmulatorError, LocalProcessEmulator, free_port, wait_for_port
+from .emulator import Emulator, EmulatorError, LocalProcessEmulator, free_port
 
-__all__ = ["DOCKER", "LOCAL", "LocalStackSqs", "MotoSqs", "SqsQueues"]
+__all__ = ["DOCKER", "LOCAL", "LocalStackSqs", "MotoSqs", "SqsQueues", "sqs_client"]
 
 DEFAULT_REGION = "us-east-1"
 #: Any keys do for the emulators; real-looking ones keep botocore's signer happy.
@@ -28,18 +28,31 @@ DUMMY_SECRET_ACCESS_KEY = "testing"
 LOCALSTACK_IMAGE = "localstack/localstack:4.4"
 
 
-def _list_queues_until_healthy(endpoint: str, region: str, timeout: float, alive: Any) -> None:
-    """Block until a real ListQueues call succeeds (or ``alive()`` says the server died)."""
+def sqs_client(settings: Mapping[str, Any], **options: Any) -> Any:
+    """A boto3 (synchronous) SQS client on ``settings``, an emulator's
+    :meth:`~acklane.integration.emulator.Emulator.client_settings` (endpoint, region,
+    keys); ``options`` go to ``boto3.client`` as well (``config=``...)."""
     import boto3
+
+    return boto3.client(
+        "sqs",
+        endpoint_url=settings["endpoint_url"],
+        region_name=settings["region"],
+        aws_access_key_id=settings["aws_access_key_id"],
+        aws_secret_access_key=settings["aws_secret_access_key"],
+        **options,
+    )
+
+
+def _list_queues_until_healthy(
+    settings: Mapping[str, Any], timeout: float, alive: Callable[[], bool]
+) -> None:
+    """Block until a real ListQueues call succeeds (or ``alive()`` says the server died)."""
     from botocore.config import Config
 
-    client = boto3.client(
-        "sqs",
-        endpoint_url=endpoint,
-        region_name=region,
-        aws_access_key_id=DUMMY_ACCESS_KEY_ID,
-        aws_secret_access_key=DUMMY_SECRET_ACCESS_KEY,
-        config=Config(retries={"max_attempts": 1}, connect_timeout=1, read_timeout=5),
+    endpoint = settings["endpoint_url"]
+    client = sqs_client(
+        settings, config=Config(retries={"max_attempts": 1}, connect_timeout=1, read_timeout=5)
     )
     deadline = time.monotonic() + timeout
     try:
@@ -87,11 +100,6 @@ class MotoSqs(LocalProcessEmulator):
             raise EmulatorError("the moto SQS emulator is not started")
         return f"http://{self.host}:{self.port}"
 
-    @property
-    def running(self) -> bool:
-        """True while the server process is alive."""
-        return self._process is not None and self._process.poll() is None
-
     def client_settings(self) -> dict[str, Any]:
         return {
             "endpoint_url": self.endpoint,
@@ -104,34 +112,19 @@ class MotoSqs(LocalProcessEmulator):
         if self._process is not None:
             return
         self.port = self.port or free_port()
-        self._log = tempfile.NamedTemporaryFile(prefix="acklane-moto-", suffix=".log", delete=False)  # noqa: SIM115
-        self._process = subprocess.Popen(
+        self._launch(
             [sys.executable, "-m", "moto.server", "-H", self.host, "-p", str(self.port)],
-            stdin=subprocess.DEVNULL,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # a terminal's Ctrl-C reaches us, and we stop it
+            "acklane-moto-",
+            f"moto SQS server on port {self.port} did not start",
         )
-        try:
-            self.wait_healthy()
-        except BaseException:
-            tail = self._log_tail()
-            self.stop()
-            raise EmulatorError(
-                f"moto SQS server on port {self.port} did not start:\n{tail}"
-            ) from None
 
     def wait_healthy(self, timeout: float = 60.0) -> None:
-        process = self._process
-        if process is None:
-            raise EmulatorError("the moto SQS emulator is not started")
-        deadline = time.monotonic() + timeout
-        wait_for_port(self.host, self.port or 0, timeout)
-        _list_queues_until_healthy(
-            self.endpoint,
-            self.region,
-            max(deadline - time.monotonic(), 1.0),
-            lambda: process.poll() is None,
+        self._wait_answering(
+            "the moto SQS emulator",
+            self.host,
+            self.port or 0,
+            timeout,
+            lambda left, alive: _list_queues_until_healthy(self.client_settings(), left, alive),
         )
 
 
@@ -188,7 +181,7 @@ class LocalStackSqs(Emulator):
     def wait_healthy(self, timeout: float = 90.0) -> None:
         if self._container is None:
             raise EmulatorError("the LocalStack SQS emulator is not started")
-        _list_queues_until_healthy(self.endpoint, self.region, timeout, lambda: True)
+        _list_queues_until_healthy(self.client_settings(), timeout, lambda: True)
 
     def stop(self) -> None:
         container, self._container = self._container, None

@@ -17,11 +17,17 @@ starts a broker; the fixtures of :mod:`acklane.integration.pytest_plugin` do.
   in this process and pick out a stream's check.
 - :func:`run_until` runs a :class:`~acklane.core.runner.Runner` in this process until
   a condition holds, then stops it; :func:`fired_ids` reads the ids the watchers fired.
+- :func:`eventually` waits until a condition holds, or fails the test naming it.
+- :func:`run_engine` is the engine without a runner: a
+  :class:`~acklane.core.manager.SharedStreamManager` whose watchers an
+  :class:`EngineDriver` subscribes, playing the event store (every trigger event
+  confirmed persisted at once, unless the test holds some back).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import json
 import os
@@ -32,21 +38,26 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, Self
 
 from acklane.core.config import AcklaneConfig, load_config
 from acklane.core.events import EventStore
+from acklane.core.manager import SharedStreamManager
 from acklane.core.runner import Runner
+from acklane.core.trigger import BaseEventTrigger
 
 __all__ = [
     "BIG_ORDERS_FILTER",
     "ORDERS",
     "AcklaneRun",
+    "EngineDriver",
+    "eventually",
     "fired_ids",
     "poison_pipeline",
+    "run_engine",
     "run_until",
     "stream_check",
     "validate_json",
@@ -179,6 +190,107 @@ async def run_until(
     finally:
         runner.request_stop()
         await task
+
+
+async def eventually(
+    check: Callable[[], bool | Awaitable[bool]], what: str, within: float = 20.0
+) -> None:
+    """Wait until ``check()`` (sync or async) holds, asking every 50 ms.
+
+    Not ``within`` seconds: AssertionError ``not within {within}s: {what}``.
+    """
+    try:
+        async with asyncio.timeout(within):
+            while True:
+                result = check()
+                if inspect.isawaitable(result):
+                    result = await result
+                if result:
+                    return
+                await asyncio.sleep(0.05)
+    except TimeoutError:
+        raise AssertionError(f"not within {within}s: {what}") from None
+
+
+class EngineDriver:
+    """Watchers subscribed to a :class:`~acklane.core.manager.SharedStreamManager`, each
+    a task of ``tg``, with the test playing the event store: every trigger event a
+    watcher yields is bound and confirmed persisted at once, unless :attr:`hold` keeps
+    it back (a slow store write: its message stays unresolved).
+
+    Made by :func:`run_engine`. :attr:`seen` holds each trigger id's payloads in order,
+    :attr:`errors` the exception its subscription ended with.
+    """
+
+    def __init__(self, manager: SharedStreamManager, tg: asyncio.TaskGroup) -> None:
+        self.manager = manager
+        self.tg = tg
+        self.seen: dict[str, list[dict[str, Any]]] = {}
+        self.errors: dict[str, BaseException] = {}
+        #: ``hold(trigger_id, payload)`` true: the event is bound but not persisted
+        #: until :meth:`release_held`.
+        self.hold: Callable[[str, Mapping[str, Any]], bool] | None = None
+        #: The sequence numbers held back so far.
+        self.held: list[int] = []
+        #: The watchers' tasks, in the order :meth:`watch` started them.
+        self.tasks: list[asyncio.Task[None]] = []
+
+    def watch(self, trigger_id: str, trigger: BaseEventTrigger) -> Hashable:
+        """Subscribe ``trigger`` as ``trigger_id`` (again, after its subscription ended:
+        :attr:`seen` goes on, its error is forgotten); its shared stream's key."""
+        self.seen.setdefault(trigger_id, [])
+        self.errors.pop(trigger_id, None)
+        self.tasks.append(self.tg.create_task(self._consume(trigger_id, trigger)))
+        return trigger.shared_stream_key()
+
+    def release_held(self) -> None:
+        """Hold nothing more, and persist what was held."""
+        self.hold = None
+        self.manager.confirm_persisted(self.held)
+        self.held.clear()
+
+    def bodies(self, trigger_id: str) -> list[str]:
+        """The ``body`` of each payload ``trigger_id`` yielded."""
+        return [p["body"] for p in self.seen[trigger_id]]
+
+    async def _consume(self, trigger_id: str, trigger: BaseEventTrigger) -> None:
+        key = trigger.shared_stream_key()
+        try:
+            async for event in self.manager.events(trigger_id=trigger_id, trigger=trigger, key=key):
+                seq = self.manager.bind_pending_event(trigger_id=trigger_id, key=key)
+                self.seen[trigger_id].append(event.payload)
+                if seq is None:
+                    continue
+                if self.hold is not None and self.hold(trigger_id, event.payload):
+                    self.held.append(seq)
+                else:
+                    self.manager.confirm_persisted([seq])
+        except Exception as exc:
+            self.errors[trigger_id] = exc
+
+
+@contextlib.asynccontextmanager
+async def run_engine(
+    ack_timeout: float = 30.0, *, cancel_watchers: bool = False
+) -> AsyncIterator[EngineDriver]:
+    """A :class:`~acklane.core.manager.SharedStreamManager` (``ack_timeout`` seconds, no
+    cohort grace period) and the :class:`EngineDriver` of its watchers.
+
+    On the way out every group is stopped, then the watchers' tasks are awaited
+    (``cancel_watchers``: cancelled first, for a watcher that never ends by itself).
+    """
+    manager = SharedStreamManager(
+        max_subscriber_queue=1024, ack_timeout=ack_timeout, cohort_grace_period=0.0
+    )
+    async with asyncio.TaskGroup() as tg:
+        running = EngineDriver(manager, tg)
+        try:
+            yield running
+        finally:
+            await manager.stop_all()
+            if cancel_watchers:
+                for task in running.tasks:
+                    task.cancel()
 
 
 def validate_json(config: Path, *options: str, call_timeout: float = 5) -> tuple[int, Any]:

@@ -17,14 +17,13 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Iterable, Mapping
 from datetime import timedelta
 from typing import Any, ClassVar
 
-from ..emulator import Emulator, EmulatorError, LocalProcessEmulator, free_port, wait_for_port
+from ..emulator import Emulator, EmulatorError, LocalProcessEmulator, free_port
 from ._server import INSPECT_STATS, RELAXED_ENV, PubSubServer, PubSubState, ServerThread
 
 __all__ = [
@@ -156,11 +155,6 @@ class PubSubEmulator(LocalProcessEmulator):
             raise EmulatorError("the Pub/Sub emulator is not started")
         return f"{self.host}:{self.port}"
 
-    @property
-    def running(self) -> bool:
-        """True while the server process is alive."""
-        return self._process is not None and self._process.poll() is None
-
     def client_settings(self) -> dict[str, Any]:
         return {"project": self.project, "emulator_host": self.endpoint}
 
@@ -168,37 +162,21 @@ class PubSubEmulator(LocalProcessEmulator):
         if self._process is not None:
             return
         self.port = self.port or free_port()
-        self._log = tempfile.NamedTemporaryFile(  # noqa: SIM115
-            prefix="acklane-pubsub-", suffix=".log", delete=False
-        )
         command = [sys.executable, "-m", "acklane.integration.pubsub"]
         command += ["--host", self.host, "--port", str(self.port)]
         if self.relaxed:
             command.append("--relaxed")
-        self._process = subprocess.Popen(
-            command,
-            stdin=subprocess.DEVNULL,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
+        self._launch(
+            command, "acklane-pubsub-", f"the Pub/Sub emulator on port {self.port} did not start"
         )
-        try:
-            self.wait_healthy()
-        except BaseException:
-            tail = self._log_tail()
-            self.stop()
-            raise EmulatorError(
-                f"the Pub/Sub emulator on port {self.port} did not start:\n{tail}"
-            ) from None
 
     def wait_healthy(self, timeout: float = 60.0) -> None:
-        process = self._process
-        if process is None:
-            raise EmulatorError("the Pub/Sub emulator is not started")
-        deadline = time.monotonic() + timeout
-        wait_for_port(self.host, self.port or 0, timeout)
-        _wait_until_answers(
-            self.endpoint, max(deadline - time.monotonic(), 1.0), lambda: process.poll() is None
+        self._wait_answering(
+            "the Pub/Sub emulator",
+            self.host,
+            self.port or 0,
+            timeout,
+            lambda left, alive: _wait_until_answers(self.endpoint, left, alive),
         )
 
 
