@@ -12,7 +12,8 @@ from typing import Any
 
 from confluent_kafka import TopicPartition
 
-from acklane.connectors.kafka import KafkaConfig, KafkaDelivery, KafkaStreamProducer
+from acklane.connectors.kafka import KafkaConfig, KafkaDelivery, KafkaMessage, KafkaStreamProducer
+from acklane.connectors.kafka._producer import _Handout
 from acklane.core.producer import AdvanceItem, AdvanceOutcome
 
 CLEAN = AdvanceOutcome(1, 0)
@@ -138,3 +139,24 @@ async def test_records_of_a_batch_sought_back_while_it_is_handed_out_are_not_han
     finally:
         await stream.aclose()
         await producer.aclose()
+
+
+async def test_a_run_taken_at_once_leaves_out_what_was_sought_back_since_its_fetch() -> None:
+    # The engine takes a run whose watchers have room all at once (at_once()): the
+    # records at or after a seek back made since the run was fetched are stale there
+    # too, checked once for the run; the others count as outstanding.
+    producer = LogProducer(
+        KafkaConfig(bootstrap_servers="127.0.0.1:9", topics=["t"], group_id="g", poll_timeout=0.01)
+    )
+    records = [KafkaMessage(Record(o), 1, ("t", 0), o, "p/") for o in range(10)]
+    fetched_in = producer._seek_epoch
+    assert [r.offset for r, _ in _Handout(producer, records, fetched_in).at_once()] == list(
+        range(10)
+    )
+    assert producer._outstanding == 10
+    producer._sought[("t", 0)] = (fetched_in + 1, 4)  # a seek back to 4 after that fetch
+    taken = list(_Handout(producer, records, fetched_in).at_once())
+    assert [(r.offset, p.offset) for r, p in taken] == [(o, o) for o in range(4)]
+    assert producer._outstanding == 14
+    # a run fetched after that seek is current: all of it
+    assert len(list(_Handout(producer, records, fetched_in + 1).at_once())) == 10

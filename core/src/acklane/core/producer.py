@@ -61,7 +61,10 @@ class LaneBatch(NamedTuple):
     once per batch instead of once per pair. Pairs that have a length (``len()``)
     may be taken all at once, with no await in between, when every member's queue
     has room for them all; the length may be an upper bound (lazily checked pairs
-    that turn out stale as they are taken).
+    that turn out stale as they are taken). Pairs taken at once are taken from their
+    ``at_once()`` method when they have one: a producer that checks each pair as it
+    is taken (see :meth:`SharedStreamProducer.open_batches`) may there check them
+    once for all, since nothing awaits until the last one is taken.
     """
 
     lane: Hashable

@@ -408,7 +408,9 @@ class _Group:
         The same as the pair-by-pair broadcast (nothing awaits in between, no queue
         fills), with one ``extend`` per member instead of one ``append`` per member and
         pair: the entries are made first, then queued in the lane and in each member's
-        queue, in order.
+        queue, in order. Pairs with an ``at_once()`` method are taken from what it
+        returns instead (a producer that checks its pairs as they are taken may then
+        check them once for all: nothing awaits until the last is taken).
         """
         members = self.members
         try:
@@ -419,6 +421,9 @@ class _Group:
             return False
         lane_q = self._lane_queue(lane)
         n = len(members)
+        at_once = getattr(pairs, "at_once", None)  # pairs checked once for all of them
+        if at_once is not None:
+            pairs = at_once()
         entries = [_Entry(payload, raw, lane, lane_q, now, n) for raw, payload in pairs]
         lane_q.extend(entries)
         self.stats.broadcast += len(entries)

@@ -93,7 +93,10 @@ class KafkaMessage(RawMessage):
         self._lane = lane
         self._offset = offset
         self._prefix = prefix
-        self._attributes = self._mid = self._when = _UNSET
+        # with a prefix (a producer's record) the id is made now, on the consumer
+        # thread: the engine asks every bound record for it
+        self._mid = _UNSET if prefix is None else f"{prefix}{offset}"
+        self._attributes = self._when = _UNSET
 
     def __copy__(self) -> KafkaMessage:
         return KafkaMessage(self._message, self._generation, self._lane, self._offset, self._prefix)

@@ -65,7 +65,7 @@ from acklane.core.producer import (
 
 from ._config import KafkaConfig
 from ._health import AUTH_CODES, ClientHealth, QuietClientLog, auth_error
-from ._message import KafkaDelivery, KafkaMessage, id_prefix
+from ._message import _UNSET, KafkaDelivery, KafkaMessage, id_prefix
 
 __all__ = [
     "DLQ_ADDED_MAX_BYTES",
@@ -215,6 +215,17 @@ class _Handout:
 
     def __iter__(self) -> Iterator[tuple[Any, Any]]:
         return self._producer._hand_out(self._records, self._epoch)
+
+    def at_once(self) -> Iterator[tuple[Any, Any]]:
+        """The run's records still current, for an engine that takes them all now
+        (nothing awaits until the last is taken): checked once, not one by one."""
+        producer = self._producer
+        records = self._records
+        seek = producer._sought.get(records[0].lane) if producer._sought else None
+        if seek is not None and seek[0] > self._epoch:  # sought back since its fetch
+            records = [r for r in records if r.offset < seek[1]]
+        producer._outstanding += len(records)
+        return zip(records, records, strict=True)
 
 
 class KafkaStreamProducer(SharedStreamProducer):
@@ -372,7 +383,8 @@ class KafkaStreamProducer(SharedStreamProducer):
 
     def message_id(self, broker_payload: Any) -> str | None:
         delivery: KafkaDelivery = broker_payload
-        return delivery.message_id
+        mid: str = delivery._mid  # made when the record was fetched (see KafkaMessage)
+        return delivery.message_id if mid is _UNSET else mid
 
     async def aclose(self) -> None:
         """Flush the DLQ producer and close the consumer (leaving the group), once."""
