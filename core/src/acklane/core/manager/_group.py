@@ -22,7 +22,7 @@ from ..trigger import (
     uses_ack_channel,
 )
 from ._common import aclose_iter, log
-from ._ledger import _EMPTY_LANE, ACKED, FAILED, _Entry, _outcome
+from ._ledger import _FAST_RUN, ACKED, FAILED, _Entry, _outcome, _Run
 from ._subscriber import _Subscriber
 from ._types import GroupStats, _new_tuple
 
@@ -201,13 +201,13 @@ class _Group:
         if self.frozen:
             return
         stats = self.stats
-        if kind == ACKED:  # (an entry's acks are not counted: see _Entry.n)
+        if kind == ACKED:  # (an entry's acks are not counted: see _Run.n)
             stats.acked += 1
         elif kind == FAILED:
-            entry.failed += 1
+            entry.marked().failed += 1
             stats.failed += 1
         else:
-            entry.rejected += 1
+            entry.marked().rejected += 1
             stats.rejected += 1
         entry.remaining -= 1
         if entry.remaining == 0 and entry.lane_q[0] is entry:
@@ -215,7 +215,7 @@ class _Group:
 
     def _lane_ready(self, entry: _Entry) -> None:
         """The head of the entry's lane is resolved: the pump has work."""
-        self.ready[entry.lane] = None
+        self.ready[entry.run.lane] = None
         self._pump_wake.set()
 
     async def _pump(self) -> None:
@@ -248,14 +248,15 @@ class _Group:
                 entry = q.popleft()
                 # acked by every member (reasons come only with rejections): shared, by
                 # an int key (no tuple per event)
-                outcome = None if entry.failed or entry.rejected else acked_get(entry.n)
+                marks = entry.marks
+                outcome = None if marks is not None else acked_get(entry.run.n)
                 if outcome is None:
                     outcome = _outcome(entry)
-                    if not (entry.failed or entry.rejected) and len(_ACKED_ONLY) < 1024:
-                        _ACKED_ONLY[entry.n] = outcome
+                    if marks is None and len(_ACKED_ONLY) < 1024:
+                        _ACKED_ONLY[entry.run.n] = outcome
                 batch.append(_new_tuple(AdvanceItem, (entry.payload, outcome)))
                 if latencies is not None:
-                    latencies.append(_monotonic() - entry.t)
+                    latencies.append(_monotonic() - entry.run.t)
             if not q:
                 del lanes[lane]
             if not batch:
@@ -322,7 +323,7 @@ class _Group:
         try:
             async for raw in stream:
                 stats.broadcast += 1
-                entry = _Entry(None, raw, None, _EMPTY_LANE, 0.0, 0)
+                entry = _Entry(None, raw, _FAST_RUN)
                 for sub in self.members:
                     if len(sub.queue) >= maxq:
                         self._overflow(sub, maxq)
@@ -353,6 +354,7 @@ class _Group:
                 else:
                     batch = item
                 now = _monotonic()
+                run: _Run | None = None  # what the batch's entries share, while it holds
                 if (
                     fixed is not _NO_LANE
                     and not suspects
@@ -372,7 +374,9 @@ class _Group:
                         if lane_q is None:
                             lane_q = self._new_lane(lane)
                     members = self.members
-                    entry = _Entry(payload, raw, lane, lane_q, now, len(members))
+                    if run is None or run.lane_q is not lane_q or run.n != len(members):
+                        run = _Run(lane, lane_q, now, len(members))
+                    entry = _Entry(payload, raw, run)
                     lane_q.append(entry)
                     stats.broadcast += 1
                     if not members:
@@ -396,6 +400,7 @@ class _Group:
                         await self._wait_for_room(maxq)
                         now = _monotonic()
                         lane_q = None  # the pump may have drained and dropped it meanwhile
+                        run = None
         finally:
             await aclose_iter(stream)
 
@@ -419,13 +424,12 @@ class _Group:
             return False
         if not members or any(len(sub.queue) + k >= maxq for sub in members):
             return False
-        lane_q = self._lane_queue(lane)
-        n = len(members)
+        run = _Run(lane, self._lane_queue(lane), now, len(members))
         at_once = getattr(pairs, "at_once", None)  # pairs checked once for all of them
         if at_once is not None:
             pairs = at_once()
-        entries = [_Entry(payload, raw, lane, lane_q, now, n) for raw, payload in pairs]
-        lane_q.extend(entries)
+        entries = [_Entry(payload, raw, run) for raw, payload in pairs]
+        run.lane_q.extend(entries)
         self.stats.broadcast += len(entries)
         for sub in members:
             sub.queue.extend(entries)
@@ -548,9 +552,10 @@ class _Group:
         if reason is None:
             return False
         n = entry.remaining
-        entry.rejected += n
+        marks = entry.marked()
+        marks.rejected += n
         self.stats.rejected += n
-        entry.reasons = [reason]
+        marks.reasons = [reason]
         entry.remaining = 0
         if entry.lane_q[0] is entry:
             self._lane_ready(entry)
@@ -586,7 +591,7 @@ class _Group:
                 mid = None
             if mid is not None:
                 return mid
-        return f"<{type(entry.payload).__name__} in lane {entry.lane!r}>"
+        return f"<{type(entry.payload).__name__} in lane {entry.run.lane!r}>"
 
     # -- lifecycle
 

@@ -22,46 +22,67 @@ REJECTED: Final[int] = 2
 _UNASKED: Any = object()
 
 
-class _Entry:
-    """One broadcast raw event in the ledger: counters only, never a set of subscribers."""
+class _Run:
+    """What the entries broadcast together share: their lane (and its ledger queue),
+    the broadcast time, and how many members were in the snapshot.
 
-    __slots__ = (
-        "failed",
-        "lane",
-        "lane_q",
-        "mid",
-        "n",
-        "payload",
-        "raw",
-        "reasons",
-        "rejected",
-        "remaining",
-        "t",
-    )
+    One per broadcast batch of one lane (a Kafka run of one partition), so that an
+    entry is made with four fields set instead of eight.
+    """
 
-    def __init__(
-        self, payload: Any, raw: Any, lane: Hashable, lane_q: deque[_Entry], t: float, n: int
-    ) -> None:
-        self.payload = payload
-        self.raw = raw
+    __slots__ = ("lane", "lane_q", "n", "t")
+
+    def __init__(self, lane: Hashable, lane_q: deque[_Entry], t: float, n: int) -> None:
         self.lane = lane
         self.lane_q = lane_q
         self.t = t
-        self.remaining = n
         # members in the snapshot. Acks are not counted: every resolution decrements
-        # ``remaining`` and only failures and rejections are counted, so once it is 0
-        # the acks are ``n - failed - rejected`` (one write less per delivery)
+        # an entry's ``remaining`` and only failures and rejections are counted (in its
+        # marks), so once it is 0 the acks are ``n - failed - rejected``
         self.n = n
+
+
+class _Marks:
+    """How many snapshot members failed or rejected an entry, and the reject reasons.
+
+    Most entries have none: an entry gets its marks at its first failure or rejection.
+    """
+
+    __slots__ = ("failed", "reasons", "rejected")
+
+    def __init__(self) -> None:
         self.failed = 0
         self.rejected = 0
         self.reasons: list[str] | None = None
+
+
+class _Entry:
+    """One broadcast raw event in the ledger: counters only, never a set of subscribers."""
+
+    __slots__ = ("lane_q", "marks", "mid", "payload", "raw", "remaining", "run")
+
+    def __init__(self, payload: Any, raw: Any, run: _Run) -> None:
+        self.payload = payload
+        self.raw = raw
+        self.run = run
+        self.lane_q = run.lane_q  # (read once per resolution: kept on the entry)
+        self.remaining = run.n
+        self.marks: _Marks | None = None
         # the producer's message_id() of the payload, asked once for every member
         # that binds a yield to it (_UNASKED until then)
         self.mid: str | None = _UNASKED
 
+    def marked(self) -> _Marks:
+        """The entry's marks, made at its first failure or rejection."""
+        marks = self.marks
+        if marks is None:
+            marks = self.marks = _Marks()
+        return marks
+
 
 # The fast path's entries belong to no lane: they are never advanced.
 _EMPTY_LANE: deque[_Entry] = deque()
+_FAST_RUN = _Run(None, _EMPTY_LANE, 0.0, 0)
 
 # Outcomes without reject reasons are immutable and few: share one per (acked,
 # failed, rejected), so the pump builds no AdvanceOutcome per event. Bounded.
@@ -71,10 +92,15 @@ _CLEAN_CACHE_MAX: Final[int] = 4096
 
 def _outcome(entry: _Entry) -> AdvanceOutcome:
     """The entry's outcome: shared from the cache when it has no reject reasons."""
-    acked = entry.n - entry.failed - entry.rejected  # (resolved: remaining is 0)
-    if entry.reasons:
-        return AdvanceOutcome(acked, entry.failed, entry.rejected, tuple(entry.reasons))
-    k = (acked, entry.failed, entry.rejected)
+    marks = entry.marks
+    n = entry.run.n
+    if marks is None:
+        k = (n, 0, 0)
+    else:
+        failed, rejected = marks.failed, marks.rejected
+        if marks.reasons:
+            return AdvanceOutcome(n - failed - rejected, failed, rejected, tuple(marks.reasons))
+        k = (n - failed - rejected, failed, rejected)  # (resolved: remaining is 0)
     outcome = _CLEAN_CACHE.get(k)
     if outcome is None:
         outcome = AdvanceOutcome(*k)

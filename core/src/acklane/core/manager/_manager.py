@@ -8,6 +8,7 @@ event once the event store confirms the trigger event persisted.
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import AsyncGenerator, AsyncIterator, Hashable, Iterable, Mapping
 from typing import Any, Literal
 
@@ -66,7 +67,7 @@ class SharedStreamManager:
         # trigger id -> [(key, subscriber)]: bind_event's lookup without hashing the key
         self._by_trigger: dict[str, list[tuple[Hashable, _Subscriber]]] = {}
         self._bindings: dict[int, _Binding] = {}
-        self._next_seq = 1
+        self._next_seq = itertools.count(1).__next__  # sequence numbers of bound events
         self._closing: set[_Group] = set()
         # wait_failed(): futures per key, resolved with the error of the key's next failure
         self._failure_waiters: dict[Hashable, list[asyncio.Future[BaseException]]] = {}
@@ -245,10 +246,10 @@ class SharedStreamManager:
                     break
             else:
                 return None
-        if sub.closed or sub.failure is not None:
-            return None
         entry = sub.current
-        if entry is None or sub.rejected_current or not sub.acking:
+        if entry is None or sub.rejected_current or sub.failure is not None or sub.closed:
+            return None
+        if not sub.acking:
             return None
         mid = entry.mid
         if mid is _UNASKED:  # once per raw event, whichever member binds to it first
@@ -275,8 +276,7 @@ class SharedStreamManager:
             binding.pending += 1
             position = binding.count
             binding.count = position + 1
-        seq = self._next_seq
-        self._next_seq = seq + 1
+        seq = self._next_seq()
         self._bindings[seq] = binding
         return _new_tuple(BoundEvent, (seq, mid, position))
 

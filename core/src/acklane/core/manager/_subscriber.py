@@ -140,9 +140,10 @@ class _Subscriber:
             binding.done = True  # its yields still fire, but no longer gate anything
             self.binding = None
         if reason:
-            if entry.reasons is None:
-                entry.reasons = []
-            entry.reasons.append(reason)
+            marks = entry.marked()
+            if marks.reasons is None:
+                marks.reasons = []
+            marks.reasons.append(reason)
         group.resolve(entry, REJECTED)
         return True
 
@@ -158,11 +159,11 @@ class _Subscriber:
         """Broadcast time of the oldest event this subscriber has not resolved."""
         self._prune_awaiting()
         if self.awaiting:
-            return self.awaiting[0].entry.t
+            return self.awaiting[0].entry.run.t
         if self.current is not None and not self.rejected_current:
-            return self.current.t
+            return self.current.run.t
         if self.queue:
-            return self.queue[0].t
+            return self.queue[0].run.t
         return None
 
     def oldest_entry(self) -> _Entry:
@@ -269,7 +270,7 @@ class _Subscriber:
                     # to it (the manager forgot its seqs, it never was in awaiting, it
                     # was never moved nor done), and the next event's binding reuses it.
                     if not group.frozen:
-                        stats.acked += 1  # (the entry counts no acks: see _Entry.n)
+                        stats.acked += 1  # (the entry counts no acks: see _Run.n)
                         remaining = entry.remaining - 1
                         entry.remaining = remaining
                         if remaining == 0 and entry.lane_q[0] is entry:
