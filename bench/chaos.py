@@ -289,16 +289,9 @@ class SqsAdapter(BrokerAdapter):
     VISIBILITY = 2  # seconds: what a killed runner left in flight comes back quickly
 
     def prepare(self) -> None:
-        import boto3
+        from acklane.integration.sqs import sqs_client
 
-        s = self.emulator.client_settings()
-        self.client: Any = boto3.client(
-            "sqs",
-            endpoint_url=s["endpoint_url"],
-            region_name=s["region"],
-            aws_access_key_id=s["aws_access_key_id"],
-            aws_secret_access_key=s["aws_secret_access_key"],
-        )
+        self.client: Any = sqs_client(self.emulator.client_settings())
         suffix = uuid.uuid4().hex[:12]
         self.queue = self._create(f"chaos-{suffix}")
         self.dlq = self._create(f"chaos-dlq-{suffix}")

@@ -286,15 +286,9 @@ def _create_kafka(settings: dict[str, Any], plan: _Plan, partitions: int) -> Non
 
 def _create_sqs(settings: dict[str, Any], plan: _Plan) -> None:
     """Create SQS queues, each dead-letter queue before the queue whose redrive names it."""
-    import boto3
+    from .sqs import sqs_client
 
-    client = boto3.client(
-        "sqs",
-        endpoint_url=settings["endpoint_url"],
-        region_name=settings["region"],
-        aws_access_key_id=settings["aws_access_key_id"],
-        aws_secret_access_key=settings["aws_secret_access_key"],
-    )
+    client = sqs_client(settings)
     try:
         arns: dict[str, str] = {}
         ordered = sorted(plan.sqs_queues, key=lambda q: q[1] is not None)
