@@ -35,7 +35,7 @@ import argparse
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Hashable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,6 +66,8 @@ class Result:
     messages: int
     seconds: float
     fanout: int = 1  # subscribers each message reaches
+    cpu: float = 0.0  # CPU seconds of the whole process over the call (group join included)
+    main_cpu: float = 0.0  # ... of the event loop's thread alone
 
     @property
     def rate(self) -> float:
@@ -235,6 +237,15 @@ async def bare_fanout(kit: KafkaKit, topic: str, total: int, n: int) -> Result:
         consumer.close()
 
 
+async def timed(run: Awaitable[Result]) -> Result:
+    """``run``'s result, with the CPU time the process and this thread spent on it."""
+    cpu, main_cpu = time.process_time(), time.thread_time()
+    result = await run
+    result.cpu = time.process_time() - cpu
+    result.main_cpu = time.thread_time() - main_cpu
+    return result
+
+
 def engine_config(kit: KafkaKit, topic: str, prefix: str) -> KafkaConfig:
     return KafkaConfig(
         bootstrap_servers=kit.bootstrap_servers,
@@ -355,24 +366,36 @@ async def main() -> None:
             f"{time.perf_counter() - started:.1f}s; best of {args.repeat} runs each\n"
         )
         best: dict[str, Result] = {}
+        total = args.messages
         for _ in range(args.repeat):
-            runs = [await asyncio.to_thread(bare_loop, kit, topic, args.messages)]
-            runs.append(await api_floor(kit, topic, args.messages))
-            runs.append(await producer_direct(kit, topic, args.messages))
+            runs = [await timed(asyncio.to_thread(bare_loop, kit, topic, total))]
+            runs.append(await timed(api_floor(kit, topic, total)))
+            runs.append(await timed(producer_direct(kit, topic, total)))
             for n in args.watchers:
                 if n > 1:
-                    runs.append(await bare_fanout(kit, topic, args.messages, n))
-                runs.append(await through_engine(kit, topic, args.messages, n))
+                    runs.append(await timed(bare_fanout(kit, topic, total, n)))
+                runs.append(await timed(through_engine(kit, topic, total, n)))
             for r in runs:
                 if r.name not in best or r.rate > best[r.name].rate:
                     best[r.name] = r
         kit.close()
 
     floor = best["API floor (no engine)"]
-    print(f"{'consumer':<26} {'messages/s':>11} {'deliveries/s':>13} {'/ floor':>8}")
+    print(
+        f"{'consumer':<26} {'messages/s':>11} {'deliveries/s':>13} {'/ floor':>8} "
+        f"{'CPU us/msg':>11} {'loop thread':>12}"
+    )
     for r in best.values():
-        print(f"{r.name:<26} {r.rate:>11,.0f} {r.deliveries:>13,.0f} {r.rate / floor.rate:>8.2f}")
-    print()
+        us = 1e6 / r.messages
+        print(
+            f"{r.name:<26} {r.rate:>11,.0f} {r.deliveries:>13,.0f} {r.rate / floor.rate:>8.2f} "
+            f"{r.cpu * us:>11.2f} {r.main_cpu * us:>12.2f}"
+        )
+    print(
+        "(CPU: of the whole process, and of the event loop's thread, over each call, its "
+        "group join included;\n a consumer whose CPU per message is near its wall time per "
+        "message is CPU-bound)\n"
+    )
     one = best.get("engine, 1 watcher")
     if one is not None:
         ratio = one.rate / floor.rate
