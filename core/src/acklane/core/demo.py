@@ -499,7 +499,7 @@ async def _run(broker: DemoBroker, messages: int, console: Console) -> int:
                 with contextlib.suppress(Exception):
                     await run_task
                 live.update(_render(rows, observer, runner, broker))
-        counts = await _stored_counts(str(db))
+        counts = await _stored_counts(str(db), [w.name for w in config.watchers])
         dlq = await broker.dead_letters(sum(1 for r in rows.values() if "DLQ" in r.status))
         redelivered = sum(1 for r in rows.values() if any("redelivered" in h for h in r.history))
         console.print(
@@ -516,12 +516,14 @@ async def _run(broker: DemoBroker, messages: int, console: Console) -> int:
         return 0
 
 
-async def _stored_counts(url_path: str) -> dict[str, int]:
+async def _stored_counts(url_path: str, watchers: list[str]) -> dict[str, int]:
+    """Stored trigger events per watcher, in the pipeline's order of watchers (not the
+    order in which each first stored one, which varies from run to run)."""
     from .events import EventStore
 
     async with EventStore(f"sqlite:///{url_path}") as store:
         events = await store.list_events(limit=10_000)
-    counts: dict[str, int] = {}
+    counts = dict.fromkeys(watchers, 0)
     for e in events:
         counts[e.trigger_id] = counts.get(e.trigger_id, 0) + 1
     return counts
