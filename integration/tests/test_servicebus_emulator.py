@@ -243,3 +243,31 @@ async def test_async_client_round_trip(bus: ServiceBusEmulator) -> None:
             await receiver.renew_message_lock(m)
             await receiver.complete_message(m)
     assert bus.counts(queue)["messages"] == 0
+
+
+async def test_what_a_closing_receiver_prefetched_is_released_at_once_uncounted(
+    bus: ServiceBusEmulator,
+) -> None:
+    # The SDK releases what it prefetched and never handed on when a receiver closes,
+    # with a pre-settled disposition: Service Bus makes those messages available again
+    # at once, their delivery count unchanged (not when their locks lapse, counted).
+    queue = bus.create_queue(lock_duration=60)
+    async with AsyncServiceBusClient.from_connection_string(bus.connection_string) as c:
+        async with c.get_queue_sender(queue) as sender:
+            await sender.send_messages([ServiceBusMessage(f"m{i}") for i in range(30)])
+        async with c.get_queue_receiver(queue, prefetch_count=20) as first:
+            taken = await first.receive_messages(max_message_count=5, max_wait_time=5)
+            for m in taken:
+                await first.complete_message(m)
+            assert bus.counts(queue)["locked"] > 0  # more than the 5 prefetched, locked
+        assert bus.counts(queue)["locked"] == 0  # released by the close
+        seen: list[int | None] = []
+        async with c.get_queue_receiver(queue, prefetch_count=20) as second:
+            while len(seen) < 30 - len(taken):  # long before the 60 s locks would lapse
+                got = await second.receive_messages(max_message_count=30, max_wait_time=10)
+                assert got, "the released messages did not come back"
+                for m in got:
+                    seen.append(m.delivery_count)
+                    await second.complete_message(m)
+    assert seen == [0] * (30 - len(taken))
+    assert bus.counts(queue)["messages"] == 0

@@ -246,3 +246,90 @@ async def test_settlements_are_sent_in_the_background_and_a_failure_fails_the_ne
         await producer.aclose()
     assert producer.completed == 1  # the refused one was never completed: it comes back
     assert bus.counts(queue)["messages"] == 2
+
+
+async def test_a_closing_producer_gives_back_at_once_what_it_held_and_prefetched(
+    bus: ServiceBusEmulator, kit: ServiceBusKit
+) -> None:
+    # A cohort restart: the group's producer closes with messages handed on and never
+    # resolved, and more prefetched by the SDK. The next producer gets them all long
+    # before the 60 s locks would lapse: the unresolved ones abandoned (counted once),
+    # the prefetched ones released by the SDK (not counted).
+    queue = bus.create_queue(lock_duration=60)
+    bodies = [f"m{i}".encode() for i in range(30)]
+    kit.send(queue, bodies)
+    first = ServiceBusStreamProducer(config(bus, queue, prefetch=20))
+    stream = first.open_stream()
+    try:
+        held = await take(stream, 3)
+    finally:
+        await stream.aclose()
+        await first.aclose()
+    assert first.abandoned >= 3  # those three, and any other it had handed on
+    assert first.completed == 0
+    second = ServiceBusStreamProducer(config(bus, queue, prefetch=20))
+    stream = second.open_stream()
+    try:
+        again = await take(stream, 30)
+        await second.advance([AdvanceItem(d, CLEAN) for _, d in again])
+        await second.flush()
+    finally:
+        await stream.aclose()
+        await second.aclose()
+    assert sorted(r.body for r, _ in again) == sorted(bodies)
+    counts = {r.body: r.delivery_count for r, _ in again}
+    assert all(counts[r.body] == 1 for r, _ in held)
+    assert sum(counts.values()) == first.abandoned
+    assert bus.counts(queue)["messages"] == 0
+
+
+async def test_one_user_of_a_receivers_connection_at_a_time_and_batches_in_a_backlog(
+    bus: ServiceBusEmulator, kit: ServiceBusKit, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Receives and settlements on one receiver never overlap (concurrent users of one
+    # connection stall each other in the SDK); a backlog is received in whole batches.
+    from azure.servicebus.aio import ServiceBusReceiver
+
+    in_use: dict[int, int] = {}
+    overlaps: list[str] = []
+    asked: list[int] = []
+
+    def counted(name: str) -> Any:
+        original = getattr(ServiceBusReceiver, name)
+
+        async def call(self: ServiceBusReceiver, *args: Any, **kwargs: Any) -> Any:
+            if in_use.get(id(self)):
+                overlaps.append(name)
+            in_use[id(self)] = in_use.get(id(self), 0) + 1
+            try:
+                return await original(self, *args, **kwargs)
+            finally:
+                in_use[id(self)] -= 1
+
+        return call
+
+    receive = counted("receive_messages")
+
+    async def receive_messages(self: ServiceBusReceiver, **kwargs: Any) -> Any:
+        asked.append(kwargs["max_message_count"])
+        return await receive(self, **kwargs)
+
+    monkeypatch.setattr(ServiceBusReceiver, "receive_messages", receive_messages)
+    monkeypatch.setattr(ServiceBusReceiver, "complete_message", counted("complete_message"))
+    queue = bus.create_queue(lock_duration=30)
+    kit.send(queue, [f"m{i}".encode() for i in range(200)])
+    producer = ServiceBusStreamProducer(config(bus, queue, prefetch=20, max_batch=20))
+    stream = producer.open_stream()
+    try:
+        for _ in range(20):  # the engine resolves each batch while the next comes
+            got = await take(stream, 10)
+            await producer.advance([AdvanceItem(d, CLEAN) for _, d in got])
+        await producer.flush()
+    finally:
+        await stream.aclose()
+        await producer.aclose()
+    assert producer.completed == 200
+    assert overlaps == []
+    assert 20 in asked  # the backlog showed: whole batches
+    assert len(asked) < 200
+    assert bus.counts(queue)["messages"] == 0

@@ -20,6 +20,7 @@ for tests: the AMQP side follows the reactor, the admin side queues commands to 
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import hmac
 import json
@@ -182,6 +183,7 @@ def verify_sas_token(token: str, key_name: str, key: str, now: float | None = No
 def _guarded(method: Callable[..., Any]) -> Callable[..., Any]:
     """A reactor callback that logs its exceptions instead of stopping the server."""
 
+    @functools.wraps(method)
     def guarded(*args: Any) -> Any:
         try:
             return method(*args)
@@ -209,12 +211,6 @@ class ServiceBusServer(Handler):
 
     def on_unhandled(self, method: str, *args: Any) -> None:
         pass
-
-    def __getattribute__(self, name: str) -> Any:
-        attr = object.__getattribute__(self, name)
-        if name.startswith("on_") and callable(attr):
-            return _guarded(attr)
-        return attr
 
     def __init__(
         self,
@@ -304,7 +300,9 @@ class ServiceBusServer(Handler):
                     delivery.update(Delivery.REJECTED)
                     delivery.settle()
                 link.flow(1)
-        elif info.kind == "consume" and delivery.remote_state and not delivery.settled:
+        elif info.kind == "consume" and delivery.remote_state and not delivery.local_state:
+            # Settled by the receiver too (a pre-settled disposition, as the SDK sends to
+            # release what it prefetched and will not hand on) or not: the outcome applies.
             self._disposition(info, delivery)
 
     def on_link_remote_close(self, event: Any) -> None:
@@ -540,6 +538,12 @@ class ServiceBusServer(Handler):
         lock = None if token is None else entity.locks.get(token)
         remote = delivery.remote
         state = delivery.remote_state
+        if delivery.settled:  # settled by the receiver already: nothing to answer
+            if lock is not None and lock.delivery == delivery:
+                self._apply(entity, lock, state, remote)
+            delivery.settle()
+            self._pump(entity)
+            return
         if lock is None or lock.delivery != delivery:
             session = info.session is not None
             delivery.local.condition = Condition(
@@ -550,6 +554,19 @@ class ServiceBusServer(Handler):
             delivery.update(Delivery.REJECTED)
             delivery.settle()
             return
+        if not self._apply(entity, lock, state, remote):
+            return  # RECEIVED: not an outcome
+        if state == Delivery.MODIFIED:
+            delivery.local.failed = remote.failed
+            delivery.local.undeliverable = remote.undeliverable
+        # A rejected outcome is echoed without the error: carrying one means "not applied".
+        delivery.update(state)
+        delivery.settle()
+        self._pump(entity)
+
+    @staticmethod
+    def _apply(entity: Entity, lock: Lock, state: Any, remote: Any) -> bool:
+        """Apply a receiver's outcome to its lock; False when it is not an outcome."""
         if state == Delivery.ACCEPTED:
             entity.settle(lock, "complete")
         elif state == Delivery.REJECTED:
@@ -566,21 +583,16 @@ class ServiceBusServer(Handler):
                 reason=None if reason is None else str(reason),
                 description=None if description is None else str(description),
             )
-            # Echoed without the error: a rejected outcome carrying one means "not applied".
         elif state == Delivery.MODIFIED:
             if remote.undeliverable:
                 entity.settle(lock, "defer")
             else:
                 entity.settle(lock, "abandon", count=bool(remote.failed))
-            delivery.local.failed = remote.failed
-            delivery.local.undeliverable = remote.undeliverable
         elif state == Delivery.RELEASED:
             entity.settle(lock, "release", count=False)
         else:
-            return  # RECEIVED: not an outcome
-        delivery.update(state)
-        delivery.settle()
-        self._pump(entity)
+            return False
+        return True
 
     # -------------------------------------------------------------------- send
 
@@ -890,6 +902,12 @@ class ServiceBusServer(Handler):
         if entity is None:
             raise KeyError(path)
         return entity.counts()
+
+
+# Every reactor callback guarded once, here (not on every attribute access).
+for _name, _callback in list(vars(ServiceBusServer).items()):
+    if _name.startswith("on_") and callable(_callback):
+        setattr(ServiceBusServer, _name, _guarded(_callback))
 
 
 class _Admin(BaseHTTPRequestHandler):

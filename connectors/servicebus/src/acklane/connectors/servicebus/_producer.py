@@ -37,12 +37,14 @@ log = logging.getLogger("acklane.connectors.servicebus")
 #: Service Bus limits a DeadLetterErrorDescription to 4096 characters; keep well under.
 _DESCRIPTION_MAX_BYTES = 1024
 _LOCK_LOST = (MessageLockLostError, SessionLockLostError)
-#: Settlements sent at once (concurrently) by one flush pass.
-_SETTLE_CONCURRENCY = 64
 #: Queued settlements past which ``advance`` waits for a flush (back-pressure).
 _BUFFER_LIMIT = 1000
 #: Seconds a receive waits at most while the receiver has messages the engine holds.
 _BUSY_WAIT = 0.05
+#: A receive of one message that took less found it there (no wait): a backlog sign.
+_QUICK = 0.001
+#: Seconds ``aclose`` spends at most abandoning the messages the engine left unresolved.
+_ABANDON_BUDGET = 5.0
 
 
 class ServiceBusConnectorError(ConnectorError, RuntimeError):
@@ -137,10 +139,14 @@ class ServiceBusStreamProducer(SharedStreamProducer):
         self._tasks: list[asyncio.Task[None]] = []
         self._queue: asyncio.Queue[tuple[ServiceBusRecord, ServiceBusDelivery] | BaseException]
         self._queue = asyncio.Queue()
-        self._to_settle: deque[_Settlement] = deque()
+        #: Settlements the engine decided, not yet sent, by the receiver that must send them.
+        self._to_settle: dict[ServiceBusReceiver, deque[_Settlement]] = {}
         #: Settlements sent and not yet answered, by receiver (a session waits for its own).
         self._settling: dict[ServiceBusReceiver, int] = {}
-        self._flush_lock = asyncio.Lock()  # one flush at a time: flush() returns when all landed
+        #: One user of a receiver's connection at a time: its receives and settlements.
+        self._io: dict[ServiceBusReceiver, asyncio.Lock] = {}
+        #: Receives in a row that returned all they asked for at once (_receive_count).
+        self._streak: dict[ServiceBusReceiver, int] = {}
         self._flush_wanted = asyncio.Event()
         self._flusher_task: asyncio.Task[None] | None = None
         self._failure: BaseException | None = None
@@ -194,7 +200,7 @@ class ServiceBusStreamProducer(SharedStreamProducer):
     async def _receive_loop(self) -> None:
         try:
             if self.config.sessions:
-                while True:
+                while not self._stopping():
                     try:
                         await self._one_session()
                     except UNREACHABLE as exc:
@@ -211,7 +217,7 @@ class ServiceBusStreamProducer(SharedStreamProducer):
                         break
                     except UNREACHABLE as exc:
                         await self._reachability.wait(exc)
-                while True:
+                while not self._stopping():
                     try:
                         await self._receive_batch(receiver, None)
                     except UNREACHABLE as exc:
@@ -229,6 +235,16 @@ class ServiceBusStreamProducer(SharedStreamProducer):
                 exc = refused  # the runner stops on it, with one line
             self._fail(exc)
 
+    def _stopping(self) -> bool:
+        """Whether a receive loop must end: ``aclose`` began, or its task was cancelled.
+
+        Python 3.11's ``asyncio.wait_for`` (which the SDK reads through) loses a
+        cancellation that arrives as its read completes: the receive then returns
+        normally, and a loop relying on ``CancelledError`` alone would go on for ever.
+        """
+        task = asyncio.current_task()
+        return self._closed or (task is not None and task.cancelling() > 0)
+
     async def _one_session(self) -> None:
         receiver = self._receiver(session=True)
         try:
@@ -240,7 +256,7 @@ class ServiceBusStreamProducer(SharedStreamProducer):
         session_id = receiver.session.session_id
         idle_since = time.monotonic()
         try:
-            while not release.is_set():
+            while not release.is_set() and not self._stopping():
                 got = await self._receive_or_release(receiver, session_id, release)
                 mine = self._holds(receiver)
                 if got or mine:
@@ -263,8 +279,12 @@ class ServiceBusStreamProducer(SharedStreamProducer):
                 await self._settle_receiver(receiver)
             self._sessions.pop(receiver, None)
             self._receivers.discard(receiver)
-            with contextlib.suppress(Exception):
-                await receiver.close()
+            # Not under a settlement in flight (the flusher's): it would fail half-way.
+            async with self._io_lock(receiver):
+                with contextlib.suppress(Exception):
+                    await receiver.close()
+            self._io.pop(receiver, None)
+            self._streak.pop(receiver, None)
 
     async def _receive_or_release(
         self, receiver: ServiceBusReceiver, session_id: str | None, release: asyncio.Event
@@ -291,20 +311,51 @@ class ServiceBusStreamProducer(SharedStreamProducer):
     def _holds(self, receiver: ServiceBusReceiver) -> bool:
         """Whether messages of this receiver are outstanding or wait for settlement."""
         return (
-            any(d.receiver is receiver for d in self._outstanding.values())
-            or any(s.delivery.receiver is receiver for s in self._to_settle)
+            bool(self._to_settle.get(receiver))
             or self._settling.get(receiver, 0) > 0
+            or any(d.receiver is receiver for d in self._outstanding.values())
         )
 
+    def _io_lock(self, receiver: ServiceBusReceiver) -> asyncio.Lock:
+        """The lock taken by whoever uses ``receiver``'s connection to receive or settle.
+
+        The SDK reads and writes a connection under one lock, and a read that finds
+        nothing holds it up to the socket timeout (0.2 s): a settlement waiting for its
+        answer while another task reads, or a receive reading while settlements wait
+        to be written, stalls them all that long. One user at a time never does: each
+        read then waits for an answer that is on its way.
+        """
+        lock = self._io.get(receiver)
+        if lock is None:
+            lock = self._io[receiver] = asyncio.Lock()
+        return lock
+
     async def _receive_messages(self, receiver: ServiceBusReceiver) -> list[Any]:
-        # A settlement waits while a receive reads the receiver's connection (the SDK
-        # holds one lock for reads and writes, a read lasting up to the socket timeout).
-        # Settlements queued before the receive go first, without that contention.
+        # Settlements queued before the receive go first.
         await self._settle_receiver(receiver)
-        messages: list[Any] = await receiver.receive_messages(
-            max_message_count=self.config.max_batch, max_wait_time=self._wait_time(receiver)
-        )
+        count = self._receive_count(receiver)
+        async with self._io_lock(receiver):
+            started = time.monotonic()
+            messages: list[Any] = await receiver.receive_messages(
+                max_message_count=count, max_wait_time=self._wait_time(receiver)
+            )
+            took = time.monotonic() - started
+        full = len(messages) == count and (count > 1 or took < _QUICK)
+        self._streak[receiver] = self._streak.get(receiver, 0) + 1 if full else 0
         return messages
+
+    def _receive_count(self, receiver: ServiceBusReceiver) -> int:
+        """How many messages the next receive asks for: 1, or ``max_batch`` in a backlog.
+
+        A receive returns once it has the count asked for; short of it, only after a
+        pause in the transfers that the SDK notices with a read timing out (its socket
+        timeout, 0.2 s) past ``max_wait_time`` or 0.2 s after the first message. So
+        receives ask for one message (it returns the moment one arrives) until a
+        backlog shows, as ``max_batch`` receives of one in a row that each found their
+        message there; then for ``max_batch`` (fewer calls) until a batch comes short.
+        """
+        batch = self.config.max_batch
+        return batch if self._streak.get(receiver, 0) >= batch else 1
 
     def _wait_time(self, receiver: ServiceBusReceiver) -> float:
         """``max_wait_time``, cut short while this receiver has messages the engine holds:
@@ -398,10 +449,14 @@ class ServiceBusStreamProducer(SharedStreamProducer):
                 continue
             delivery.settled = True
             reason = outcome_reason(item.outcome) if judged is Verdict.DEAD_LETTER else ""
-            self._to_settle.append(_Settlement(delivery, judged, reason))
-        if len(self._to_settle) >= _BUFFER_LIMIT:
+            queue = self._to_settle.get(delivery.receiver)
+            if queue is None:
+                queue = self._to_settle[delivery.receiver] = deque()
+            queue.append(_Settlement(delivery, judged, reason))
+        queued = sum(len(q) for q in self._to_settle.values())
+        if queued >= _BUFFER_LIMIT:
             await self.flush()  # the flusher fell behind: push back on the engine
-        if self._to_settle:
+        elif queued:
             self._flush_wanted.set()
 
     # ------------------------------------------------------------------ settle
@@ -421,57 +476,58 @@ class ServiceBusStreamProducer(SharedStreamProducer):
         await _shielded(self._flush_now())
 
     async def _flush_now(self) -> None:
-        async with self._flush_lock:
-            while self._to_settle:
-                chunk = [
-                    self._to_settle.popleft()
-                    for _ in range(min(_SETTLE_CONCURRENCY, len(self._to_settle)))
-                ]
-                try:
-                    await self._settle_all(chunk)
-                except Exception as exc:
-                    self._fail(exc)
-                    raise
+        while True:
+            # Receivers with settlements queued, or in flight (sent by another task:
+            # waiting for the receiver's lock waits for their answers).
+            receivers = [r for r, q in self._to_settle.items() if q]
+            receivers += [r for r in self._settling if r not in receivers]
+            if not receivers:
+                return
+            results = await asyncio.gather(
+                *(self._settle_receiver_now(r) for r in receivers), return_exceptions=True
+            )
+            for result in results:
+                if isinstance(result, BaseException):
+                    raise result
+            if not any(self._to_settle.values()):
+                return
 
     async def _settle_receiver(self, receiver: ServiceBusReceiver) -> None:
-        """Send this receiver's queued settlements now (before it receives or closes)."""
-        if any(s.delivery.receiver is receiver for s in self._to_settle):
+        """Send this receiver's queued settlements now (before it receives or closes);
+        return once those in flight were answered too."""
+        if self._to_settle.get(receiver) or self._settling.get(receiver):
             await _shielded(self._settle_receiver_now(receiver))
 
     async def _settle_receiver_now(self, receiver: ServiceBusReceiver) -> None:
-        async with self._flush_lock:
-            mine = [s for s in self._to_settle if s.delivery.receiver is receiver]
-            if not mine:
-                return  # a flush took them meanwhile
-            rest = [s for s in self._to_settle if s.delivery.receiver is not receiver]
-            self._to_settle = deque(rest)
+        """Send ``receiver``'s queued settlements one after the other, in their order.
+
+        One at a time, each read of the connection waits for the answer just asked
+        for: concurrent settlements would make the SDK read past the last answer and
+        hold the connection for its socket timeout. Stops at the first failure other
+        than a lost lock, which fails the group; the settlements not sent yet stay
+        queued (``aclose`` tries them once more).
+        """
+        async with self._io_lock(receiver):
+            queue = self._to_settle.pop(receiver, None)
+            if not queue:
+                return
+            self._settling[receiver] = len(queue)
             try:
-                for start in range(0, len(mine), _SETTLE_CONCURRENCY):
-                    await self._settle_all(mine[start : start + _SETTLE_CONCURRENCY])
+                while queue:
+                    await self._settle(queue[0])
+                    queue.popleft()
+                    self._settling[receiver] -= 1
             except Exception as exc:
+                queue.popleft()  # not settled: it comes back (its lock lapses)
+                if queue:
+                    later = self._to_settle.get(receiver)
+                    if later:
+                        queue.extend(later)
+                    self._to_settle[receiver] = queue
                 self._fail(exc)
                 raise
-
-    async def _settle_all(self, chunk: list[_Settlement]) -> None:
-        """Settle concurrently: a settlement costs a round trip, not a receive's read."""
-        for s in chunk:
-            receiver = s.delivery.receiver
-            self._settling[receiver] = self._settling.get(receiver, 0) + 1
-        try:
-            results = await asyncio.gather(
-                *(self._settle(s) for s in chunk), return_exceptions=True
-            )
-        finally:
-            for s in chunk:
-                receiver = s.delivery.receiver
-                left = self._settling[receiver] - 1
-                if left:
-                    self._settling[receiver] = left
-                else:
-                    del self._settling[receiver]
-        for result in results:
-            if isinstance(result, BaseException):
-                raise result
+            finally:
+                del self._settling[receiver]
 
     async def _settle(self, settlement: _Settlement) -> None:
         delivery = settlement.delivery
@@ -623,11 +679,56 @@ class ServiceBusStreamProducer(SharedStreamProducer):
 
     # ------------------------------------------------------------------- close
 
+    async def _abandon_unresolved(self) -> None:
+        """Abandon the messages of open (sessionless) receivers the engine never resolved.
+
+        The group is going (a cohort restart, a failure, a stop): nobody will resolve
+        them. Left alone they would come back only when their locks lapse (the
+        entity's lock duration, a minute by default), which counts a delivery too;
+        abandoned, they come back now. Best effort, within a few seconds: what is not
+        abandoned lapses as before. A session's messages are released by closing its
+        receiver instead.
+        """
+        held = [
+            d
+            for d in self._outstanding.values()
+            if not d.settled and d.session_id is None and d.receiver in self._receivers
+        ]
+        self._outstanding.clear()
+        if not held:
+            return
+        given = 0
+        try:
+            async with asyncio.timeout(_ABANDON_BUDGET):
+                for delivery in held:
+                    delivery.settled = True
+                    try:
+                        await delivery.receiver.abandon_message(delivery.message)
+                    except _LOCK_LOST:
+                        self.lock_lost += 1  # it comes back anyway
+                        continue
+                    self.abandoned += 1
+                    given += 1
+        except Exception as exc:
+            log.warning(
+                "%s: giving back unresolved messages on close failed (%r); Service Bus "
+                "redelivers them when their locks lapse",
+                self.config.describe(),
+                exc,
+            )
+        log.info(
+            "%s: %d of %d unresolved messages abandoned on close (redelivered now)",
+            self.config.describe(),
+            given,
+            len(held),
+        )
+
     async def aclose(self) -> None:
         """Stop receiving, send the queued settlements, close the receivers and client.
 
-        Messages the engine never resolved are not settled: their locks lapse
-        (redelivery), or closing their session's receiver releases them.
+        Messages the engine never resolved come back at once rather than when their
+        locks lapse: they are abandoned (``_abandon_unresolved``), or closing their
+        session's receiver releases them; the SDK releases what it prefetched.
         """
         if self._closed:
             return
@@ -638,10 +739,10 @@ class ServiceBusStreamProducer(SharedStreamProducer):
             with contextlib.suppress(BaseException):
                 await task
         if self._flusher_task is not None:
-            async with self._flush_lock:  # a flush in flight holds popped settlements
-                self._flusher_task.cancel()
-                with contextlib.suppress(BaseException):
-                    await self._flusher_task
+            # A flush in flight goes on (shielded); the flush below waits for it.
+            self._flusher_task.cancel()
+            with contextlib.suppress(BaseException):
+                await self._flusher_task
         try:
             async with asyncio.timeout(30):
                 await self.flush()
@@ -652,6 +753,8 @@ class ServiceBusStreamProducer(SharedStreamProducer):
                 self.config.describe(),
                 exc,
             )
+        else:
+            await self._abandon_unresolved()
         for receiver in list(self._receivers):
             with contextlib.suppress(Exception):
                 await receiver.close()
