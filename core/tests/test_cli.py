@@ -4,6 +4,7 @@ commands that only read the store section of a configuration."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -39,11 +40,14 @@ def test_version() -> None:
 def test_shell_completion_is_offered() -> None:
     result = runner.invoke(app, ["--help"])
     assert "--install-completion" in result.stdout and "--show-completion" in result.stdout
+    # typer's own switch: take the shell named, not the one it finds among the parent
+    # processes (there may be none: a test run started by a service, not a shell)
     script = subprocess.run(
         [sys.executable, "-m", "acklane.core.cli", "--show-completion", "bash"],
         capture_output=True,
         text=True,
         timeout=60,
+        env={**os.environ, "_TYPER_COMPLETE_TEST_DISABLE_SHELL_DETECTION": "1"},
     )
     assert script.returncode == 0 and "complete" in script.stdout
 
