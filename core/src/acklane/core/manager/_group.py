@@ -163,6 +163,14 @@ class _Group:
         sub.wake()
         self._notify_failed(sub, exc)
 
+    def filter_failed(self, sub: _Subscriber, exc: BaseException) -> None:
+        """The subscriber's filter raised ``exc`` (or was cancelled) while on an event:
+        it is not done with it, so it is failed out of what it holds (redelivered)
+        instead of acking it; a crash (not a cancellation) is a failed attempt of the
+        event it was on. Nothing happens if it or the group already failed."""
+        if sub.failure is None and not self.frozen:
+            self.force_fail(sub, exc, sub.current if isinstance(exc, Exception) else None)
+
     def _fail_unread(self, sub: _Subscriber) -> None:
         """The events still in the subscriber's queue: it never saw them, so they fail."""
         queue = sub.queue
@@ -340,7 +348,6 @@ class _Group:
         maxq = self.manager.max_subscriber_queue
         almost_full = maxq - 1  # a queue this deep before the append is full after it
         get_lane = producer.get_advance_lane
-        lanes = self.lanes
         stats = self.stats
         suspects = self.suspects
         try:
@@ -367,12 +374,7 @@ class _Group:
                 for raw, payload in batch:
                     if fixed is _NO_LANE or lane_q is None:
                         lane = get_lane(payload) if fixed is _NO_LANE else fixed
-                        try:
-                            lane_q = lanes.get(lane)
-                        except TypeError as exc:
-                            raise _unhashable(lane) from exc
-                        if lane_q is None:
-                            lane_q = self._new_lane(lane)
+                        lane_q = self._lane_queue(lane)
                     members = self.members
                     if run is None or run.lane_q is not lane_q or run.n != len(members):
                         run = _Run(lane, lane_q, now, len(members))
@@ -442,7 +444,7 @@ class _Group:
         try:
             lane_q = self.lanes.get(lane)
         except TypeError as exc:
-            raise _unhashable(lane) from exc
+            raise TypeError(f"advance lane {lane!r} is not hashable") from exc
         return self._new_lane(lane) if lane_q is None else lane_q
 
     def _unclaimed(self, entry: _Entry) -> None:
@@ -715,10 +717,6 @@ class _Group:
 
 #: The suspects of a group without a poison policy: always empty.
 _NO_SUSPECTS: Mapping[str, object] = {}
-
-
-def _unhashable(lane: object) -> TypeError:
-    return TypeError(f"advance lane {lane!r} is not hashable")
 
 
 def _stuck_on(sub: _Subscriber, oldest: _Entry) -> bool:

@@ -26,8 +26,8 @@ class _Run:
     """What the entries broadcast together share: their lane (and its ledger queue),
     the broadcast time, and how many members were in the snapshot.
 
-    One per broadcast batch of one lane (a Kafka run of one partition), so that an
-    entry is made with four fields set instead of eight.
+    One per broadcast batch of one lane (a Kafka run of one partition): an entry
+    refers to it instead of holding these four fields itself.
     """
 
     __slots__ = ("lane", "lane_q", "n", "t")

@@ -207,9 +207,8 @@ class SharedStreamManager:
         sub = self._subs.get((trigger_id, key))
         if sub is None:
             return
-        if error is not None and sub.failure is None and not sub.group.frozen:
-            culprit = sub.current if isinstance(error, Exception) else None
-            sub.group.force_fail(sub, error, culprit)
+        if error is not None:
+            sub.group.filter_failed(sub, error)
         group = self._detach((trigger_id, key), sub)
         if group is not None:
             await self._finish(group)
@@ -247,9 +246,13 @@ class SharedStreamManager:
             else:
                 return None
         entry = sub.current
-        if entry is None or sub.rejected_current or sub.failure is not None or sub.closed:
-            return None
-        if not sub.acking:
+        if (
+            entry is None
+            or sub.rejected_current
+            or sub.failure is not None
+            or sub.closed
+            or not sub.acking
+        ):
             return None
         mid = entry.mid
         if mid is _UNASKED:  # once per raw event, whichever member binds to it first
@@ -488,10 +491,7 @@ class Subscription:
         the event it is on; a crash (not a cancellation) is a failed attempt of that
         event. Not for errors of the caller's own (they close the subscription).
         """
-        sub = self._sub
-        group = sub.group
-        if sub.failure is None and not group.frozen:
-            group.force_fail(sub, exc, sub.current if isinstance(exc, Exception) else None)
+        self._sub.group.filter_failed(self._sub, exc)
 
     async def aclose(self, how: str = CONSUMER_CLOSED) -> None:
         """Leave the group: the event the subscriber is on counts as moved past, what

@@ -221,9 +221,10 @@ class _Handout:
         (nothing awaits until the last is taken): checked once, not one by one."""
         producer = self._producer
         records = self._records
-        seek = producer._sought.get(records[0].lane) if producer._sought else None
-        if seek is not None and seek[0] > self._epoch:  # sought back since its fetch
-            records = [r for r in records if r.offset < seek[1]]
+        sought = producer._sought
+        seek = sought.get(records[0].lane) if sought else None
+        if seek is not None and seek[0] > self._epoch:  # its partition sought back since
+            records = [r for r in records if not _stale(r, self._epoch, sought)]
         producer._outstanding += len(records)
         return zip(records, records, strict=True)
 
