@@ -28,9 +28,12 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
+from _versus_bare import (  # the bench directory, not a package: found through sys.path
+    Result,
+    print_table,
+)
 from azure.servicebus import ServiceBusMessage
 from azure.servicebus.aio import ServiceBusClient
 
@@ -42,23 +45,6 @@ from acklane.connectors.servicebus import (
 from acklane.core.manager import SharedStreamManager
 from acklane.core.trigger import TriggerEvent
 from acklane.integration.emulator import emulator_for
-
-
-@dataclass
-class Result:
-    name: str
-    messages: int
-    seconds: float
-    calls: int  # receive calls + settlement calls (the SDK settles one message per call)
-
-    @property
-    def rate(self) -> float:
-        return self.messages / self.seconds
-
-    @property
-    def calls_per_message(self) -> float:
-        return self.calls / self.messages
-
 
 # The producer's receive calls, counted by wrapping its one receive helper.
 RECEIVES = [0]
@@ -156,13 +142,7 @@ async def through_engine(
 
 
 def report(results: list[Result]) -> None:
-    base = results[0]
-    print(f"{'consumer':<32} {'msgs':>6} {'msgs/s':>9} {'x base':>7} {'calls/msg':>10}")
-    for r in results:
-        print(
-            f"{r.name:<32} {r.messages:>6} {r.rate:>9.1f} {r.rate / base.rate:>7.2f} "
-            f"{r.calls_per_message:>10.3f}"
-        )
+    print_table(results)
     print(
         "calls: receive calls + one settlement call per message (the SDK has no batch "
         "settle); no calls/message target on Service Bus"

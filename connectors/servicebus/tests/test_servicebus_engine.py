@@ -17,7 +17,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
-from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Iterator
+from collections.abc import AsyncIterator, Hashable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -32,11 +32,11 @@ from acklane.connectors.servicebus import (
 )
 from acklane.core.config import parse_config
 from acklane.core.events import EventStore
-from acklane.core.manager import SharedStreamManager
 from acklane.core.runner import Runner, RunObserver
 from acklane.core.trigger import AckTimeout, TriggerEvent, reject_shared_stream_event
 from acklane.integration.emulator import Emulator
 from acklane.integration.servicebus import ServiceBusEmulator, ServiceBusKit
+from acklane.integration.testing import EngineDriver, eventually, run_engine
 
 # ------------------------------------------------------------------------ watchers
 
@@ -118,76 +118,9 @@ def _fresh_producer_log() -> None:
     Watcher.producers.clear()
 
 
-class Engine:
-    """A manager plus watcher tasks; trigger events are persisted at once, except those
-    of a body in ``hold`` for a trigger id in ``hold_for`` (a slow store write)."""
-
-    def __init__(self, manager: SharedStreamManager, tg: asyncio.TaskGroup) -> None:
-        self.manager = manager
-        self.tg = tg
-        self.tasks: list[asyncio.Task[None]] = []
-        self.seen: dict[str, list[dict[str, Any]]] = {}
-        self.errors: dict[str, BaseException] = {}
-        self.hold: set[str] = set()
-        self.hold_for: set[str] = set()
-        self.held: list[int] = []
-
-    def watch(self, trigger_id: str, trigger: Watcher) -> Hashable:
-        self.seen.setdefault(trigger_id, [])
-        self.errors.pop(trigger_id, None)
-        self.tasks.append(self.tg.create_task(self._consume(trigger_id, trigger)))
-        return trigger.shared_stream_key()
-
-    async def _consume(self, trigger_id: str, trigger: Watcher) -> None:
-        key = trigger.shared_stream_key()
-        try:
-            async for event in self.manager.events(trigger_id=trigger_id, trigger=trigger, key=key):
-                seq = self.manager.bind_pending_event(trigger_id=trigger_id, key=key)
-                self.seen[trigger_id].append(event.payload)
-                if seq is None:
-                    continue
-                if trigger_id in self.hold_for and event.payload["body"] in self.hold:
-                    self.held.append(seq)  # not persisted (yet): its message stays unresolved
-                else:
-                    self.manager.confirm_persisted([seq])
-        except Exception as exc:
-            self.errors[trigger_id] = exc
-
-    def bodies(self, trigger_id: str, session: str | None = None) -> list[str]:
-        return [
-            p["body"] for p in self.seen[trigger_id] if session is None or p["session"] == session
-        ]
-
-
-@contextlib.asynccontextmanager
-async def engine(ack_timeout: float = 30.0) -> AsyncIterator[Engine]:
-    manager = SharedStreamManager(
-        max_subscriber_queue=1024, ack_timeout=ack_timeout, cohort_grace_period=0.0
-    )
-    async with asyncio.TaskGroup() as tg:
-        running = Engine(manager, tg)
-        try:
-            yield running
-        finally:
-            await manager.stop_all()
-            for task in running.tasks:
-                task.cancel()
-
-
-async def eventually(
-    check: Callable[[], bool | Awaitable[bool]], what: str, timeout: float = 20.0
-) -> None:
-    try:
-        async with asyncio.timeout(timeout):
-            while True:
-                result = check()
-                if isinstance(result, Awaitable):
-                    result = await result
-                if result:
-                    return
-                await asyncio.sleep(0.05)
-    except TimeoutError:
-        raise AssertionError(f"not within {timeout}s: {what}") from None
+def in_session(e: EngineDriver, trigger_id: str, session: str) -> list[str]:
+    """The bodies ``trigger_id`` yielded for messages of ``session``, in order."""
+    return [p["body"] for p in e.seen[trigger_id] if p["session"] == session]
 
 
 # ------------------------------------------------------------------ the engine
@@ -199,7 +132,7 @@ async def test_watchers_sharing_one_receiver_see_every_message_and_a_clean_batch
     queue = bus.create_queue(lock_duration=30)
     bodies = [f"m{i}" for i in range(30)]
     kit.send(queue, bodies)
-    async with engine() as e:
+    async with run_engine(cancel_watchers=True) as e:
         e.watch("a", Watcher(queue=queue, **settings))
         e.watch("b", Watcher(queue=queue, **settings))
         await eventually(lambda: len(e.seen["a"]) == len(e.seen["b"]) == 30, "both saw all")
@@ -222,7 +155,7 @@ async def test_a_rejecting_watcher_dead_letters_with_acklanes_reason_readable_fr
 ) -> None:
     queue = bus.create_queue(lock_duration=30)
     kit.send(queue, ["poison", "fine"])
-    async with engine() as e:
+    async with run_engine(cancel_watchers=True) as e:
         e.watch("all", Watcher(queue=queue, **settings))
         e.watch("picky", Rejecting(queue=queue, **settings))
         await eventually(lambda: e.bodies("picky") == ["fine"], "the fine one fired")
@@ -247,7 +180,7 @@ async def test_messages_no_watcher_received_are_abandoned_never_completed(
     # delivery count dead-letters it. Never completed.
     queue = bus.create_queue(lock_duration=30, max_delivery_count=3)
     kit.send(queue, ["first"])
-    async with engine(ack_timeout=1.0) as e:
+    async with run_engine(1.0, cancel_watchers=True) as e:
         key = e.watch("w", Wedged(queue=queue, **settings))
         await eventually(lambda: bool(Watcher.producers), "the group started")
         producer = Watcher.producers[0]
@@ -276,19 +209,19 @@ async def test_a_failed_message_holds_its_session_behind_it_while_other_sessions
     kit.send(queue, ["h1", "h2", "h3"], session_id="held")
     kit.send(queue, ["f0", "f1", "f2"], session_id="free")
     config = {**settings, "queue": queue, "sessions": True, "max_sessions": 2}
-    async with engine(ack_timeout=3.0) as e:
-        e.hold, e.hold_for = {"h1"}, {"slow"}
+    async with run_engine(3.0, cancel_watchers=True) as e:
+        e.hold = lambda trigger_id, p: trigger_id == "slow" and p["body"] == "h1"
         e.watch("fast", Watcher(**config))
         e.watch("slow", Watcher(**config))
-        await eventually(lambda: e.bodies("slow", "held") == ["h1", "h2", "h3"], "all fired")
+        await eventually(lambda: in_session(e, "slow", "held") == ["h1", "h2", "h3"], "all fired")
         producer = Watcher.producers[0]
         # The other session is not held up by this one.
         await eventually(lambda: producer.completed == 3, "the free session completed")
-        assert e.bodies("fast", "free") == ["f0", "f1", "f2"]
+        assert in_session(e, "fast", "free") == ["f0", "f1", "f2"]
         await eventually(lambda: isinstance(e.errors.get("slow"), AckTimeout), "slow timed out")
-        await eventually(lambda: len(e.bodies("fast", "held")) == 6, "the session came back")
+        await eventually(lambda: len(in_session(e, "fast", "held")) == 6, "the session came back")
         await eventually(lambda: producer.completed == 6, "all completed")
-    assert e.bodies("fast", "held") == ["h1", "h2", "h3", "h1", "h2", "h3"]
+    assert in_session(e, "fast", "held") == ["h1", "h2", "h3", "h1", "h2", "h3"]
     again = [p for p in e.seen["fast"] if p["session"] == "held"][3:]
     assert [p["delivery_count"] for p in again] == [1, 1, 1]
     assert producer.abandoned == 3
@@ -382,7 +315,7 @@ async def test_an_advance_error_fails_the_group_and_the_runner_restarts_it_losin
                 set(await stored_ids(db))
             ) == 20
 
-        await eventually(done, "every message stored and completed", timeout=40)
+        await eventually(done, "every message stored and completed", within=40)
     finally:
         runner.request_stop()
         await asyncio.wait_for(task, 30)
@@ -446,7 +379,7 @@ async def test_two_runner_processes_share_a_queue_and_the_survivor_of_a_sigkill_
         return "\n".join(log.read_text(errors="replace").splitlines()[-40:])
 
     try:
-        await eventually(lambda: len(ids()) >= 15, "some events stored", timeout=40)
+        await eventually(lambda: len(ids()) >= 15, "some events stored", within=40)
         processes[0].send_signal(signal.SIGKILL)  # mid-stream: messages locked, unsettled
         processes[0].wait(timeout=10)
         kit.send(queue, [json.dumps({"id": i}) for i in range(60, 80)])
