@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Callable
 
 from acklane.connectors.memory import MemoryBroker
-from acklane.core.runner import Runner
+from acklane.core.pipeline.runner import Runner
 
 
 def all_committed(broker: MemoryBroker, group: str = "g", topic: str = "orders") -> bool:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from acklane.core.cli import _command_of, app
+from acklane.core.cli.app import _command_of, app
 
 runner = CliRunner()
 

@@ -18,9 +18,9 @@ from acklane.connectors.memory import (
 )
 from acklane.core.config import AcklaneConfig, ConfigError, load_config, parse_config
 from acklane.core.message import RawMessage
+from acklane.core.pipeline.watcher import WatcherTrigger, build_watchers
 from acklane.core.stores.settings import StateStoreSettings
 from acklane.core.trigger import TriggerEvent
-from acklane.core.watcher import WatcherTrigger, build_watchers
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "pipeline.yaml"
 
@@ -399,7 +399,7 @@ def test_a_trigger_serializes_to_json_kwargs_that_rebuild_it(config: AcklaneConf
     trigger = build_watchers(config)[0]
     trigger.asset_store = object()  # set by the runner; never serialized
     classpath, kwargs = trigger.serialize()
-    assert classpath == "acklane.core.watcher.WatcherTrigger"
+    assert classpath == "acklane.core.pipeline.watcher.WatcherTrigger"
     assert kwargs == {
         "name": "big-orders",
         "stream": "orders",
@@ -591,7 +591,7 @@ def test_the_error_sample_in_the_docs_is_the_real_output(
 
     from typer.testing import CliRunner
 
-    from acklane.core.cli import app
+    from acklane.core.cli.app import app
 
     docs = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
     section = docs[docs.index("## Errors") : docs.index("## Environment variables")]

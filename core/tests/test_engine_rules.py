@@ -23,7 +23,7 @@ from acklane.core import (
     TriggerEvent,
     reject_shared_stream_event,
 )
-from acklane.core.deadletter import outcome_reason
+from acklane.core.connectors.deadletter import outcome_reason
 from acklane.core.producer import reject_reasons_of
 from acklane.core.trigger import uses_ack_channel
 

@@ -27,7 +27,7 @@ from sqlalchemy import func, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 from typer.testing import CliRunner
 
-from acklane.core.cli_events import app as events_cli
+from acklane.core.cli.events import app as events_cli
 from acklane.core.events import EventRecord, EventStore, StoredEvent, events_table
 from acklane.core.events._store import backoff
 from acklane.core.sql import sync_engine
@@ -897,7 +897,7 @@ def test_cli_says_when_a_database_holds_no_event_store(tmp_path: Path) -> None:
 
 def test_cli_tail_follows_new_events_and_exits_cleanly_on_ctrl_c(sqlite_url: str) -> None:
     _fill(sqlite_url, [rec(n) for n in range(3)])
-    code = "from acklane.core.cli_events import app; app()"
+    code = "from acklane.core.cli.events import app; app()"
     args = ["tail", "--url", sqlite_url, "--lines", "2", "--interval", "0.02", "--json"]
     with subprocess.Popen(
         [sys.executable, "-c", code, *args],

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from acklane.core.filters import FilterSpecError, Rejected, compile_filter
 from acklane.core.message import RawMessage
+from acklane.core.pipeline.filters import FilterSpecError, Rejected, compile_filter
 from acklane.core.trigger import TriggerEvent, current_window
 
 

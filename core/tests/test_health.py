@@ -22,9 +22,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from acklane.connectors.memory import MemoryBroker
 from acklane.core.config import parse_config
 from acklane.core.events import EventStore
-from acklane.core.health import Health
-from acklane.core.metrics import MetricsServer, start_metrics_server
-from acklane.core.runner import Runner
+from acklane.core.observe.health import Health
+from acklane.core.observe.metrics import MetricsServer, start_metrics_server
+from acklane.core.pipeline.runner import Runner
 from acklane.core.sql import async_engine
 
 BOOM_TEXT = "filter bug: always"

@@ -25,7 +25,12 @@ from acklane.connectors.memory import (
     MemoryProducer,
 )
 from acklane.core.connectors import load_connector
-from acklane.core.deadletter import ORIGIN_OFFSET, ORIGIN_PARTITION, ORIGIN_TOPIC, REJECT_REASON
+from acklane.core.connectors.deadletter import (
+    ORIGIN_OFFSET,
+    ORIGIN_PARTITION,
+    ORIGIN_TOPIC,
+    REJECT_REASON,
+)
 from acklane.core.message import RawMessage
 from acklane.core.producer import AdvanceItem, AdvanceOutcome
 
@@ -519,7 +524,7 @@ def test_a_new_broker_of_the_same_name_never_reuses_a_message_identity() -> None
 
 
 def test_a_dead_letter_reason_is_bounded_so_the_copy_still_fits() -> None:
-    from acklane.core.deadletter import REASON_MAX_BYTES, TRUNCATED_MARK, reject_reason
+    from acklane.core.connectors.deadletter import REASON_MAX_BYTES, TRUNCATED_MARK, reject_reason
 
     long = reject_reason(["é" * 5000], 1)
     assert len(long.encode("utf-8")) <= REASON_MAX_BYTES

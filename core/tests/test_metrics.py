@@ -13,8 +13,8 @@ from runner_harness import all_committed, run_until
 
 from acklane.connectors.memory import MemoryBroker
 from acklane.core.config import parse_config
-from acklane.core.metrics import EngineCollector
-from acklane.core.runner import Runner
+from acklane.core.observe.metrics import EngineCollector
+from acklane.core.pipeline.runner import Runner
 
 
 async def test_collector_exposes_broadcast_outcomes_advances_and_persisted(tmp_path: Path) -> None:

@@ -24,11 +24,11 @@ import pytest
 from runner_harness import all_committed, run_until
 
 from acklane.connectors.memory import MemoryBroker
-from acklane.core.attempts import AttemptStore
 from acklane.core.config import AcklaneConfig, parse_config
-from acklane.core.deadletter import ORIGIN_OFFSET, ORIGIN_TOPIC, REJECT_REASON
+from acklane.core.connectors.deadletter import ORIGIN_OFFSET, ORIGIN_TOPIC, REJECT_REASON
 from acklane.core.events import EventStore
-from acklane.core.runner import RestartsExhausted, Runner, stream_key_text
+from acklane.core.pipeline.attempts import AttemptStore
+from acklane.core.pipeline.runner import RestartsExhausted, Runner, stream_key_text
 
 TESTS = Path(__file__).parent
 

@@ -14,9 +14,9 @@ from runner_harness import all_committed, run_until
 
 from acklane.connectors.memory import MemoryBroker
 from acklane.core.config import parse_config
+from acklane.core.observe.progress import COUNTS, Progress
+from acklane.core.pipeline.runner import Runner
 from acklane.core.producer import AdvanceItem, AdvanceOutcome
-from acklane.core.progress import COUNTS, Progress
-from acklane.core.runner import Runner
 
 LINE = re.compile(
     r"^progress stream=(?P<stream>\S+) "
@@ -54,7 +54,7 @@ def _config(db: str, broker: str, filter_: str, interval: float = 0.05) -> str:
 def _lines(caplog: pytest.LogCaptureFixture) -> list[dict[str, str]]:
     found = []
     for record in caplog.records:
-        if record.name == "acklane.core.progress" and record.levelno == logging.INFO:
+        if record.name == "acklane.core.observe.progress" and record.levelno == logging.INFO:
             match = LINE.match(record.getMessage())
             assert match is not None, record.getMessage()
             found.append(match.groupdict())
@@ -68,7 +68,7 @@ def _counts(line: dict[str, str]) -> dict[str, int]:
 async def test_progress_lines_count_received_stored_acked_and_rejected(
     tmp_path: object, broker: MemoryBroker, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="acklane.core.progress")
+    caplog.set_level(logging.INFO, logger="acklane.core.observe.progress")
     for i in range(10):
         broker.publish("orders", json.dumps({"id": i}).encode(), key=f"k{i % 3}")
     broker.publish("orders", b"\xffnot json", key="k0")  # rejected: dead-lettered
@@ -101,7 +101,7 @@ async def test_progress_lines_count_received_stored_acked_and_rejected(
 async def test_progress_counts_a_restart_and_the_redelivered_messages(
     tmp_path: object, broker: MemoryBroker, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="acklane.core.progress")
+    caplog.set_level(logging.INFO, logger="acklane.core.observe.progress")
     bodies = [{"id": i, "crash": i == 4} for i in range(8)]
     for i, body in enumerate(bodies):
         broker.publish("orders", json.dumps(body).encode(), key=f"k{i % 2}")
@@ -123,7 +123,7 @@ async def test_progress_counts_a_restart_and_the_redelivered_messages(
 async def test_no_progress_lines_when_the_interval_is_zero(
     tmp_path: object, broker: MemoryBroker, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="acklane.core.progress")
+    caplog.set_level(logging.INFO, logger="acklane.core.observe.progress")
     broker.publish("orders", b'{"id": 1}')
     cfg = parse_config(
         _config(f"{tmp_path}/e.db", broker.name, "{emit: {id: body.id}}", interval=0),

@@ -17,7 +17,7 @@ from sqlalchemy import text, update
 from typer.testing import CliRunner
 
 from acklane.connectors.memory import MemoryBroker
-from acklane.core.cli_events import app as events_cli
+from acklane.core.cli.events import app as events_cli
 from acklane.core.config import ConfigError, StoreSettings, parse_config
 from acklane.core.durations import format_duration, parse_duration
 from acklane.core.events import (
@@ -28,7 +28,7 @@ from acklane.core.events import (
     cutoff_for,
     events_table,
 )
-from acklane.core.runner import Runner
+from acklane.core.pipeline.runner import Runner
 from acklane.core.sql import is_sqlite, sync_engine
 
 CREATED_AT_INDEX = f"{TABLE_NAME}_created_at"
@@ -333,7 +333,7 @@ def test_cli_prune_shows_a_progress_bar_on_a_terminal_for_a_large_prune(
 
     from rich.console import Console
 
-    from acklane.core import cli_events
+    from acklane.core.cli.app import events as cli_events
 
     _fill(sqlite_url, [rec(n) for n in range(9)])
     _age(sqlite_url, range(9), timedelta(days=30))

@@ -21,7 +21,7 @@ from runner_harness import all_committed, run_until
 from acklane.connectors.memory import MemoryBroker
 from acklane.core.config import parse_config
 from acklane.core.events import EventStore
-from acklane.core.runner import Runner
+from acklane.core.pipeline.runner import Runner
 
 TESTS = Path(__file__).parent
 
@@ -181,14 +181,14 @@ async def test_ack_timeout_of_one_watcher_restarts_its_cohort_with_redelivery(
         """\
         - name: slow
           stream: orders
-          filter: {function: "acklane.core.demo:slow_audit"}
+          filter: {function: "acklane.core.cli.demo:slow_audit"}
         - name: fast
           stream: orders
           filter: {emit: {id: body.id}}
         """,
         ack_timeout=0.5,
     )
-    from acklane.core import demo
+    from acklane.core.cli.app import demo
 
     demo._STALLED.clear()
     _publish(broker, [{"id": i, "stall": i == 3} for i in range(10)])

@@ -27,8 +27,8 @@ from acklane.connectors.memory import MemoryBroker
 from acklane.core import RawMessage, TriggerEvent
 from acklane.core.config import parse_config
 from acklane.core.events import EventRecord, EventStore
-from acklane.core.runner import Runner
-from acklane.core.watcher import WatcherTrigger
+from acklane.core.pipeline.runner import Runner
+from acklane.core.pipeline.watcher import WatcherTrigger
 
 GROUP = "g"
 
@@ -221,7 +221,7 @@ async def test_an_event_store_error_fails_the_cohort_before_the_watcher_detaches
     tmp_path: Path, broker: MemoryBroker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     failures = _StoreFailures()
-    monkeypatch.setattr("acklane.core.runner.EventStore", _failing_store(failures))
+    monkeypatch.setattr("acklane.core.pipeline.runner.EventStore", _failing_store(failures))
     db = tmp_path / "e.db"
     runner = Runner(_config(db, broker.name, "{emit: {id: body.id}}"), handle_signals=False)
     leaver = _slow_to_leave(runner, "leaver")

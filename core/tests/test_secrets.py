@@ -27,9 +27,9 @@ from pydantic import BaseModel
 from sqlalchemy.engine import make_url
 from typer.testing import CliRunner
 
-from acklane.core import redact
-from acklane.core.cli import app
+from acklane.core.cli.app import app
 from acklane.core.connectors import available_connectors, load_connector
+from acklane.core.observe import redact
 
 #: Variable -> planted secret. The names are neutral where another rule must catch the
 #: value (a SecretStr field, a secret-like key); PGPASS and BROKER_SECRET are caught by

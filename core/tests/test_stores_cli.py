@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from acklane.core.cli_store import app
+from acklane.core.cli.store import app
 from acklane.core.stores import AssetStore, MetastoreBackend, TaskScope, TaskStore
 
 runner = CliRunner()

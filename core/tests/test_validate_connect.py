@@ -18,7 +18,7 @@ from urllib.parse import quote
 import pytest
 from typer.testing import CliRunner
 
-from acklane.core.cli import app
+from acklane.core.cli.app import app
 from acklane.core.config import ConfigError, load_config
 
 runner = CliRunner()

@@ -19,7 +19,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from acklane.core import cli
+from acklane.core.cli import app as cli
 from acklane.integration.cli import FAST_KAFKA_CLIENT
 from acklane.integration.emulator import free_port
 

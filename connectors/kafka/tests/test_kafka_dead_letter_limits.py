@@ -24,7 +24,7 @@ from acklane.connectors.kafka import (
 )
 from acklane.connectors.kafka import _producer as kafka_producer
 from acklane.connectors.kafka._producer import DLQ_ADDED_MAX_BYTES, DLQ_GROUP_MAX_BYTES
-from acklane.core.deadletter import REASON_MAX_BYTES, TRUNCATED_MARK, bounded_text
+from acklane.core.connectors.deadletter import REASON_MAX_BYTES, TRUNCATED_MARK, bounded_text
 from acklane.core.producer import AdvanceItem, AdvanceOutcome
 from acklane.integration.kafka import KafkaKit
 

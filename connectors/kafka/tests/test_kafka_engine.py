@@ -25,7 +25,7 @@ import pytest
 from acklane.connectors.kafka import KafkaAdvanceError, KafkaStreamProducer
 from acklane.core.config import AcklaneConfig, parse_config
 from acklane.core.events import TABLE_NAME, EventStore, StoredEvent
-from acklane.core.runner import Runner, RunObserver
+from acklane.core.pipeline.runner import Runner, RunObserver
 from acklane.integration.kafka import KafkaKit
 
 

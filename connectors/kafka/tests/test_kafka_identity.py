@@ -23,7 +23,7 @@ import pytest
 from acklane.connectors.kafka import KafkaConfig, KafkaStreamProducer
 from acklane.core.config import parse_config
 from acklane.core.events import EventStore
-from acklane.core.runner import Runner
+from acklane.core.pipeline.runner import Runner
 from acklane.integration.kafka import KafkaKit, TansuEmulator
 
 TOPIC = "orders"

@@ -14,8 +14,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from acklane.core.config import AcklaneConfig
-from acklane.core.deadletter import ORIGIN_OFFSET, ORIGIN_TOPIC, REJECT_REASON
-from acklane.core.runner import Runner
+from acklane.core.connectors.deadletter import ORIGIN_OFFSET, ORIGIN_TOPIC, REJECT_REASON
+from acklane.core.pipeline.runner import Runner
 from acklane.integration.kafka import KafkaKit
 from acklane.integration.testing import ORDERS, fired_ids, poison_pipeline, run_until
 

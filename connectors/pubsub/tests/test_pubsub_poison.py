@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from acklane.core.config import AcklaneConfig
-from acklane.core.deadletter import REJECT_REASON
-from acklane.core.runner import Runner
+from acklane.core.connectors.deadletter import REJECT_REASON
+from acklane.core.pipeline.runner import Runner
 from acklane.integration.emulator import Emulator
 from acklane.integration.pubsub import PubSubKit
 from acklane.integration.testing import ORDERS, fired_ids, poison_pipeline, run_until

@@ -20,7 +20,7 @@ from typing import Any
 import grpc
 import pytest
 
-from acklane.core.checks import CheckResult, run_checks
+from acklane.core.cli.checks import CheckResult, run_checks
 from acklane.core.config import load_config
 from acklane.integration.emulator import Emulator, free_port
 from acklane.integration.pubsub import PubSubKit

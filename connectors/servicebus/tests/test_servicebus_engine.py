@@ -32,7 +32,7 @@ from acklane.connectors.servicebus import (
 )
 from acklane.core.config import parse_config
 from acklane.core.events import EventStore
-from acklane.core.runner import Runner, RunObserver
+from acklane.core.pipeline.runner import Runner, RunObserver
 from acklane.core.trigger import AckTimeout, TriggerEvent, reject_shared_stream_event
 from acklane.integration.emulator import Emulator
 from acklane.integration.servicebus import ServiceBusEmulator, ServiceBusKit

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from acklane.core.config import AcklaneConfig
-from acklane.core.runner import Runner
+from acklane.core.pipeline.runner import Runner
 from acklane.integration.emulator import Emulator
 from acklane.integration.servicebus import ServiceBusEmulator, ServiceBusKit
 from acklane.integration.testing import ORDERS, fired_ids, poison_pipeline, run_until

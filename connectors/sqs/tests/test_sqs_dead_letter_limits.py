@@ -17,7 +17,7 @@ import pytest
 from sqs_harness import open_stream, rejected
 
 from acklane.connectors.sqs import SqsAdvanceError
-from acklane.core.deadletter import REASON_MAX_BYTES, TRUNCATED_MARK
+from acklane.core.connectors.deadletter import REASON_MAX_BYTES, TRUNCATED_MARK
 from acklane.core.producer import AdvanceOutcome
 from acklane.integration.sqs import SqsQueues
 

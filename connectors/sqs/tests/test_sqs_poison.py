@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from acklane.core.config import AcklaneConfig
-from acklane.core.deadletter import ORIGIN_MESSAGE_ID, ORIGIN_QUEUE, REJECT_REASON
-from acklane.core.runner import Runner
+from acklane.core.connectors.deadletter import ORIGIN_MESSAGE_ID, ORIGIN_QUEUE, REJECT_REASON
+from acklane.core.pipeline.runner import Runner
 from acklane.integration.sqs import SqsQueues
 from acklane.integration.testing import ORDERS, fired_ids, poison_pipeline, run_until
 

@@ -1,6 +1,6 @@
 """``acklane run`` on an SQS stream: a runner killed mid-stream loses no message.
 
-The runner is a real process (``python -m acklane.core.cli run CONFIG``) with a
+The runner is a real process (``python -m acklane.core.cli.app run CONFIG``) with a
 SQLite event store; the test kills it with SIGKILL while messages are in
 flight, restarts it, and checks that every message produced exactly one stored
 trigger event and left the queue.

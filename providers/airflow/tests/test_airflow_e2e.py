@@ -39,7 +39,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from acklane.core.deadletter import REJECT_REASON
+from acklane.core.connectors.deadletter import REJECT_REASON
 from acklane.integration.emulator import Emulator, free_port
 from acklane.integration.kafka import KafkaKit
 

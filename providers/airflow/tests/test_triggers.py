@@ -352,7 +352,7 @@ async def test_the_kafka_trigger_runs_under_both_managers_with_reasons_and_commi
     import contextlib
 
     from acklane.core import manager as acklane_manager
-    from acklane.core.deadletter import REJECT_REASON
+    from acklane.core.connectors.deadletter import REJECT_REASON
 
     bodies = [
         json.dumps({"type": "order", "id": i, "amount": -1 if i == 2 else i}) for i in range(5)

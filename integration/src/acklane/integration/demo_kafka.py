@@ -1,6 +1,6 @@
 """``acklane demo --broker kafka``: the demo on a Kafka emulator it starts itself.
 
-Registered under the entry-point group ``acklane.demos`` (see ``acklane.core.demo``):
+Registered under the entry-point group ``acklane.demos`` (see ``acklane.core.cli.demo``):
 tansu as a local process, or ``apache/kafka`` under Docker (per
 ``ACKLANE_EMULATOR_BACKEND``, as everywhere in ``acklane.integration``). When no
 emulator can start (the emulator's :class:`EmulatorError`, e.g. no tansu binary) it
@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from acklane.core.demo import DemoBroker, DemoBrokerUnavailable
+from acklane.core.cli.demo import DemoBroker, DemoBrokerUnavailable
 
 from .emulator import Emulator, EmulatorError, emulator_for
 from .kafka import KafkaKit

@@ -1,6 +1,6 @@
 """``acklane demo --broker pubsub``: the demo on acklane's Pub/Sub emulator.
 
-Registered under the entry-point group ``acklane.demos`` (see ``acklane.core.demo``),
+Registered under the entry-point group ``acklane.demos`` (see ``acklane.core.cli.demo``),
 for ``--broker pubsub`` only (``auto`` keeps to Kafka). It starts acklane's own
 emulator as a local process (relaxed mode, whatever ``ACKLANE_EMULATOR_BACKEND``
 says: the demo reads the subscription's backlog with its inspection call), creates
@@ -18,8 +18,8 @@ import asyncio
 import time
 from typing import Any
 
-from acklane.core.deadletter import ORIGIN_MESSAGE_ID, REJECT_REASON
-from acklane.core.demo import DemoBroker, DemoBrokerUnavailable
+from acklane.core.cli.demo import DemoBroker, DemoBrokerUnavailable
+from acklane.core.connectors.deadletter import ORIGIN_MESSAGE_ID, REJECT_REASON
 
 from .emulator import EmulatorError, emulator_for
 

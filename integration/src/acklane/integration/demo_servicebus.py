@@ -1,6 +1,6 @@
 """``acklane demo --broker servicebus``: the demo on acklane's Service Bus emulator.
 
-Registered under the entry-point group ``acklane.demos`` (see ``acklane.core.demo``),
+Registered under the entry-point group ``acklane.demos`` (see ``acklane.core.cli.demo``),
 for ``--broker servicebus`` only (``auto`` keeps to Kafka). It starts acklane's own
 emulator as a local process (whatever ``ACKLANE_EMULATOR_BACKEND`` says: the demo
 reads the queue's counts through its admin endpoint), creates the ``orders`` queue
@@ -19,7 +19,7 @@ import asyncio
 import time
 from typing import Any
 
-from acklane.core.demo import DemoBroker, DemoBrokerUnavailable
+from acklane.core.cli.demo import DemoBroker, DemoBrokerUnavailable
 
 from .emulator import EmulatorError, emulator_for
 from .servicebus import ServiceBusEmulator, ServiceBusKit

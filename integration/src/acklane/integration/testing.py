@@ -15,7 +15,7 @@ starts a broker; the fixtures of :mod:`acklane.integration.pytest_plugin` do.
   count what was told.
 - :func:`validate_json` and :func:`stream_check` run ``acklane validate --format json``
   in this process and pick out a stream's check.
-- :func:`run_until` runs a :class:`~acklane.core.runner.Runner` in this process until
+- :func:`run_until` runs a :class:`~acklane.core.pipeline.runner.Runner` in this process until
   a condition holds, then stops it; :func:`fired_ids` reads the ids the watchers fired.
 - :func:`eventually` waits until a condition holds, or fails the test naming it.
 - :func:`run_engine` is the engine without a runner: a
@@ -46,7 +46,7 @@ from typing import Any, Final, Self
 from acklane.core.config import AcklaneConfig, load_config
 from acklane.core.events import EventStore
 from acklane.core.manager import SharedStreamManager
-from acklane.core.runner import Runner
+from acklane.core.pipeline.runner import Runner
 from acklane.core.trigger import BaseEventTrigger
 
 __all__ = [
@@ -298,7 +298,7 @@ def validate_json(config: Path, *options: str, call_timeout: float = 5) -> tuple
     this process: its exit code and its JSON document."""
     from typer.testing import CliRunner
 
-    from acklane.core.cli import app
+    from acklane.core.cli.app import app
 
     args = ["validate", "--format", "json", "--timeout", str(call_timeout), *options]
     result = CliRunner().invoke(app, [*args, str(config)])

@@ -13,7 +13,7 @@ as the Kafka connector):
   and the consumer is sought back to it so it comes again;
 - a rejected item is copied to ``dlq_topic`` (original key, value and headers
   plus the ``acklane.origin.*`` and ``acklane.reject.reason`` headers of
-  :mod:`acklane.core.deadletter`) before the commit passes it; with no DLQ it
+  :mod:`acklane.core.connectors.deadletter`) before the commit passes it; with no DLQ it
   is committed past and counted as dropped.
 
 A new consumer starts at its group's committed offset, or at the beginning of

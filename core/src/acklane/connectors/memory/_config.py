@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from acklane.core.poison import DEFAULT_MAX_ATTEMPTS, MaxAttempts
+from acklane.core.pipeline.poison import DEFAULT_MAX_ATTEMPTS, MaxAttempts
 
 __all__ = ["MemoryConfig"]
 

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Hashable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from acklane.core.connectors import Action, CommitLedger, LedgerEntry, verdict
-from acklane.core.deadletter import REJECT_REASON, log_origin, outcome_reason
+from acklane.core.connectors.deadletter import REJECT_REASON, log_origin, outcome_reason
 from acklane.core.message import RawMessage
 from acklane.core.producer import AdvanceItem, SharedStreamProducer
 

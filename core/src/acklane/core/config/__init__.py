@@ -19,7 +19,7 @@ validated configuration), ``_yaml`` (YAML with line numbers), ``_substitution``
 the ``store`` and ``state`` sections) and ``_show`` (the resolved configuration with
 its secrets masked). Import from here, not from them.
 
-Loading registers the file's secrets with :mod:`acklane.core.redact` (SecretStr
+Loading registers the file's secrets with :mod:`acklane.core.observe.redact` (SecretStr
 fields, secret-like keys, URL passwords, ``${VAR}`` with secret-like names), and no
 :class:`ConfigError` message holds one.
 """

@@ -18,8 +18,8 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 from ..durations import parse_duration
-from ..events._retention import DEFAULT_RETENTION
-from ..redact import redact_url
+from ..events import DEFAULT_RETENTION
+from ..observe.redact import redact_url
 from ..sql import DEFAULT_URL, unsupported_url
 
 #: Stream and watcher names (watcher names are trigger ids, stream names label metrics).
@@ -108,7 +108,7 @@ class WatcherSettings(_Settings):
     name: Annotated[str, Field(pattern=NAME_PATTERN, max_length=200)]
     stream: str = Field(min_length=1)
     asset: str | None = Field(default=None, min_length=1)
-    #: Checked as a :class:`~acklane.core.filters.FilterSpec` on its own, so that its
+    #: Checked as a :class:`~acklane.core.pipeline.filters.FilterSpec` on its own, so that its
     #: problems are reported along with the others of the watcher.
     filter: dict[str, Any] | None = None
 

@@ -13,8 +13,8 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
 from ..connectors import UnknownConnector, available_connectors, load_connector
-from ..filters import FilterSpec, FilterSpecError, compile_filter
-from ..redact import redact, remember, secrets_in
+from ..observe.redact import redact, remember, secrets_in
+from ..pipeline.filters import FilterSpec, FilterSpecError, compile_filter
 from ..sql import offline_url_problem
 from ..stores.settings import StateStoreSettings
 from ._errors import ConfigError, ConfigProblem, Loc

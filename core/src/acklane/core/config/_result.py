@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from ..connectors import Connector
-from ..filters import CompiledFilter
+from ..pipeline.filters import CompiledFilter
 from ..stores.settings import StateStoreSettings
 from ._models import EngineSettings, MetricsSettings, StoreSettings
 
@@ -60,7 +60,7 @@ class AcklaneConfig:
     metrics: MetricsSettings
     streams: Mapping[str, StreamConfig]
     watchers: tuple[WatcherConfig, ...]
-    #: The secret values of the file (acklane.core.redact's rule), masked in all output.
+    #: The secret values of the file (acklane.core.observe.redact's rule), masked in all output.
     secrets: frozenset[str] = field(default=frozenset(), repr=False)
 
     def watcher(self, name: str) -> WatcherConfig:

@@ -7,7 +7,7 @@ from typing import Any
 
 import yaml
 
-from ..redact import is_secret_name
+from ..observe.redact import is_secret_name
 from ._errors import ConfigProblem, Loc, format_path
 from ._substitution import substitute
 

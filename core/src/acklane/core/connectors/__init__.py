@@ -10,7 +10,7 @@
   source of a producer's ``broker_problem()`` (``/readyz``);
 - :class:`Publisher` and :class:`OutgoingMessage`: the optional sending side
   (``acklane publish``), :class:`PublishNotSupported` by default;
-- the dead-letter vocabulary lives in :mod:`acklane.core.deadletter`.
+- the dead-letter vocabulary lives in :mod:`acklane.core.connectors.deadletter`.
 
 See ``docs/connectors/README.md``.
 """

@@ -11,7 +11,7 @@ See docs/event-store.md.
 from __future__ import annotations
 
 from ..sql import DEFAULT_URL
-from ._model import EventRecord, StoredEvent
+from ._model import EventRecord, StoredEvent, storable_stream_key
 from ._reader import EventReader
 from ._retention import (
     DEFAULT_PRUNE_BATCH,
@@ -27,6 +27,8 @@ from ._store import (
     EventStore,
     EventStoreStats,
     StoreUnavailable,
+    display_url,
+    why_unavailable,
 )
 
 __all__ = [
@@ -44,7 +46,10 @@ __all__ = [
     "StoredEvent",
     "count_older_than",
     "cutoff_for",
+    "display_url",
     "events_table",
     "metadata",
     "prune_older_than",
+    "storable_stream_key",
+    "why_unavailable",
 ]

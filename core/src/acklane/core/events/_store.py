@@ -26,7 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from ..durations import format_duration
 from ..errors import AcklaneError
-from ..redact import redact_url
+from ..observe.redact import redact_url
 from ..sql import DEFAULT_URL, async_engine, sqlite_path_problem, unsupported_url
 from ._insert import BatchInsert, batch_insert_for
 from ._model import EncodedRow, EventRecord, StoredEvent, encode_record

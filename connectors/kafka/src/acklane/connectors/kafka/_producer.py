@@ -44,7 +44,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 )
 
 from acklane.core.connectors import Action, CommitLedger, LedgerEntry, verdict
-from acklane.core.deadletter import (
+from acklane.core.connectors.deadletter import (
     ORIGIN_GROUP,
     ORIGIN_OFFSET,
     ORIGIN_PARTITION,

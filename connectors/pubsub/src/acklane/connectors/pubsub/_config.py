@@ -9,7 +9,7 @@ from typing import Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from acklane.core.poison import DEFAULT_MAX_ATTEMPTS, MaxAttempts
+from acklane.core.pipeline.poison import DEFAULT_MAX_ATTEMPTS, MaxAttempts
 
 __all__ = ["MAX_ACK_DEADLINE", "PubSubConfig", "RedeliveryBackoff"]
 

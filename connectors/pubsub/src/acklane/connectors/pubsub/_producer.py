@@ -41,7 +41,7 @@ from collections.abc import (
 from typing import Any, TypeVar
 
 from acklane.core.connectors import Action, Reachability, Verdict, verdict
-from acklane.core.deadletter import (
+from acklane.core.connectors.deadletter import (
     ORIGIN_MESSAGE_ID,
     ORIGIN_PREFIX,
     ORIGIN_QUEUE,

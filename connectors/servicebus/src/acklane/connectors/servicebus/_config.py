@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
-from acklane.core.poison import DEFAULT_MAX_ATTEMPTS, MaxAttempts
+from acklane.core.pipeline.poison import DEFAULT_MAX_ATTEMPTS, MaxAttempts
 
 if TYPE_CHECKING:
     from azure.servicebus.aio import ServiceBusClient

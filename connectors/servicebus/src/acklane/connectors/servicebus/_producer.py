@@ -22,7 +22,7 @@ from azure.servicebus.exceptions import (
 )
 
 from acklane.core.connectors import Action, Reachability, Verdict, verdict
-from acklane.core.deadletter import bounded_text, outcome_reason
+from acklane.core.connectors.deadletter import bounded_text, outcome_reason
 from acklane.core.errors import BrokerAuthError, ConnectorError
 from acklane.core.message import RawMessage
 from acklane.core.producer import AdvanceItem, SharedStreamProducer

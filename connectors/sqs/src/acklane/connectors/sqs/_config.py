@@ -16,7 +16,7 @@ from pydantic import (
     model_validator,
 )
 
-from acklane.core.poison import DEFAULT_MAX_ATTEMPTS, MaxAttempts
+from acklane.core.pipeline.poison import DEFAULT_MAX_ATTEMPTS, MaxAttempts
 
 __all__ = [
     "MAX_VISIBILITY_TIMEOUT",

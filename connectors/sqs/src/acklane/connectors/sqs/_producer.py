@@ -22,7 +22,7 @@ from botocore.exceptions import ClientError, ReadTimeoutError
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
 from acklane.core.connectors import Action, Reachability, Verdict, verdict
-from acklane.core.deadletter import (
+from acklane.core.connectors.deadletter import (
     ORIGIN_MESSAGE_ID,
     ORIGIN_QUEUE,
     REJECT_REASON,

@@ -1,0 +1,5 @@
+"""``python -m acklane.core.cli``: the `acklane` command."""
+
+from .app import main
+
+main()

@@ -1,0 +1,545 @@
+"""The ``acklane`` command line: run, validate, config, demo, events, store, publish, emulator.
+
+Global options (before the command): ``--version``, ``--log-level`` (or
+``ACKLANE_LOG_LEVEL``), ``--log-format`` (``ACKLANE_LOG_FORMAT``) and
+``--log-third-party`` (``ACKLANE_LOG_THIRD_PARTY``); see acklane.core.observe.logs. Every
+output goes through acklane.core.observe.redact.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, Annotated, Any
+
+if TYPE_CHECKING:
+    from ..config import AcklaneConfig, ConfigProblem
+    from ..pipeline.runner import Runner
+    from .checks import CheckResult
+
+log = logging.getLogger("acklane.core.cli.app")
+
+
+class _StartupSignals:
+    """SIGINT/SIGTERM while ``acklane run`` starts, before the runner's own handlers.
+
+    Importing the CLI's dependencies, loading the configuration (which imports the
+    connectors and the filter modules) and building the runner take seconds, in which
+    the default dispositions would kill the process (exit 143) or raise
+    KeyboardInterrupt. A signal there is remembered and handed to the runner, which
+    then stops before it starts anything (exit 0); a second one exits at once, with
+    128 + the signal's number (nothing is in flight yet: nothing is lost).
+    """
+
+    def __init__(self) -> None:
+        self.received: signal.Signals | None = None
+        self.runner: Runner | None = None
+        self._previous: dict[signal.Signals, Any] = {}
+
+    def install(self) -> None:
+        if self._previous:
+            return
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._previous[sig] = signal.signal(sig, self._handle)
+
+    def restore(self) -> None:
+        """Put back the handlers that were there before :meth:`install`."""
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        runner = self.runner
+        if runner is not None and not runner.stopping:
+            # the runner exists, but its event loop has not taken the signals over yet
+            self.received = signal.Signals(signum)
+            runner.request_stop()
+            return
+        if self.received is not None:
+            # a second signal during start-up: leave now (nothing is in flight yet)
+            log.warning("Second signal during start-up: exiting now")
+            raise SystemExit(128 + signum)
+        self.received = signal.Signals(signum)
+
+    def hand_over(self, runner: Runner) -> None:
+        """From now on a signal stops ``runner``; one received already stops it now."""
+        self.runner = runner
+        if self.received is not None:
+            log.info("%s during start-up: stopping before the pipeline starts", self.received.name)
+            runner.request_stop()
+
+
+#: Options of the top-level app that take a value (skipped to find the command).
+_GLOBAL_VALUE_OPTIONS = ("--log-level", "--log-format", "--log-third-party")
+
+
+def _command_of(argv: list[str]) -> str | None:
+    """The command word of ``acklane [GLOBAL OPTIONS] COMMAND ...``."""
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in _GLOBAL_VALUE_OPTIONS:
+            skip = True
+        elif not arg.startswith("-"):
+            return arg
+    return None
+
+
+def _running_the_pipeline() -> bool:
+    """True in the process of an ``acklane run`` command line (not when imported by others)."""
+    main = __name__ == "__main__" or Path(sys.argv[0]).stem == "acklane"
+    return main and _command_of(sys.argv[1:]) == "run"
+
+
+# Before anything slow is imported: `acklane run` takes the signals over from here on.
+_startup: _StartupSignals | None = None
+if _running_the_pipeline():
+    _startup = _StartupSignals()
+    _startup.install()
+
+import asyncio  # noqa: E402 - after the signal handlers, on purpose
+import json  # noqa: E402
+from enum import StrEnum  # noqa: E402
+from importlib.metadata import (  # noqa: E402
+    PackageNotFoundError,
+    distributions,
+    entry_points,
+    version,
+)
+
+import typer  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+from rich.text import Text  # noqa: E402
+
+from ..observe.logs import LogFormat, LogLevel, configure_logging, restore_logging  # noqa: E402
+from ..observe.redact import guard_std_streams, redact, redact_url  # noqa: E402
+
+# The configuration (and what it imports: pydantic, SQLAlchemy, connectors) is imported
+# when a command needs it, not with this module.
+
+app = typer.Typer(
+    name="acklane",
+    help="Consume message queues for event-driven pipelines without losing a message.",
+    no_args_is_help=True,
+    add_completion=True,
+    # a traceback's local variables may hold a configuration's secrets
+    pretty_exceptions_show_locals=False,
+)
+console = Console()
+err_console = Console(stderr=True, soft_wrap=True)
+
+ConfigArg = Annotated[Path, typer.Argument(help="The pipeline's YAML configuration.")]
+LogLevelOption = Annotated[
+    LogLevel | None,
+    typer.Option(
+        "--log-level",
+        case_sensitive=False,
+        help="Level of acklane's logs (overrides the global --log-level).",
+        show_default=False,
+    ),
+]
+
+
+class OutputFormat(StrEnum):
+    TEXT = "text"
+    JSON = "json"
+
+
+class ShowFormat(StrEnum):
+    YAML = "yaml"
+    JSON = "json"
+
+
+class _LogOptions:
+    """The global logging options, for commands that pick their own default level."""
+
+    level: LogLevel | None = None
+    log_format: LogFormat | None = None
+    third_party: LogLevel = LogLevel.WARNING
+
+
+def _setup_logging(own: LogLevel | None, default: LogLevel) -> None:
+    """Configure the logs: the command's --log-level, else the global one, else ``default``."""
+    configure_logging(
+        own or _LogOptions.level or default,
+        _LogOptions.log_format,
+        third_party=_LogOptions.third_party,
+    )
+
+
+def _error(message: str, *, title: str | None = None) -> None:
+    """An error for a person, on stderr, secrets masked, never wrapped."""
+    text = Text()
+    if title:
+        text.append(redact(title), style="red")
+        text.append("\n" if "\n" in message else ": ")
+    text.append(redact(message), style=None if title else "red")
+    err_console.print(text)
+
+
+def _version_text() -> str:
+    def of(name: str) -> str | None:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return None
+
+    core = of("acklane-core") or "unknown"
+    others = sorted(
+        f"{d.metadata['Name']} {d.version}"
+        for d in distributions()
+        if (d.metadata["Name"] or "").startswith("acklane-")
+        and d.metadata["Name"] not in ("acklane-core",)
+    )
+    parts = [f"acklane-core {core}", *others, f"Python {sys.version.split()[0]}"]
+    return f"acklane {of('acklane') or core} ({', '.join(parts)})"
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        typer.echo(_version_text())
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    ctx: typer.Context,
+    log_level: Annotated[
+        LogLevel | None,
+        typer.Option(
+            "--log-level",
+            envvar="ACKLANE_LOG_LEVEL",
+            case_sensitive=False,
+            help="Level of acklane's logs, for every command. "
+            "Default: INFO for run, WARNING otherwise.",
+            show_default=False,
+        ),
+    ] = None,
+    log_format: Annotated[
+        LogFormat | None,
+        typer.Option(
+            "--log-format",
+            envvar="ACKLANE_LOG_FORMAT",
+            case_sensitive=False,
+            help="rich (columns for a terminal), text (one line per record) or json "
+            "(one object per line). Default: rich on a terminal, text otherwise.",
+            show_default=False,
+        ),
+    ] = None,
+    log_third_party: Annotated[
+        LogLevel,
+        typer.Option(
+            "--log-third-party",
+            envvar="ACKLANE_LOG_THIRD_PARTY",
+            case_sensitive=False,
+            help="Level of other libraries' logs (aiosqlite, botocore, urllib3, asyncio, "
+            "sqlalchemy...).",
+        ),
+    ] = LogLevel.WARNING,
+    show_version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=_show_version,
+            is_eager=True,
+            help="Print acklane's version (and its installed distributions) and exit.",
+        ),
+    ] = False,
+) -> None:
+    """Consume message queues for event-driven pipelines without losing a message."""
+    _LogOptions.level = log_level
+    _LogOptions.log_format = log_format
+    _LogOptions.third_party = log_third_party
+    # Secrets known to the process are masked in everything written to stdout/stderr.
+    ctx.with_resource(guard_std_streams())
+    ctx.call_on_close(restore_logging)
+    _setup_logging(None, LogLevel.WARNING)
+
+
+def _load(path: Path) -> AcklaneConfig:
+    from ..config import ConfigError, load_config
+
+    try:
+        return load_config(path)
+    except ConfigError as exc:
+        _error(str(exc), title="invalid configuration")
+        raise typer.Exit(2) from None
+
+
+def _problem_document(problem: ConfigProblem) -> dict[str, Any]:
+    return {
+        "file": problem.source,
+        "line": problem.line,
+        "field": problem.path,
+        "message": problem.message,
+    }
+
+
+@app.command()
+def validate(
+    config: ConfigArg,
+    output: Annotated[
+        OutputFormat,
+        typer.Option(
+            "--format",
+            case_sensitive=False,
+            help="text: a table, or the problems on stderr; json: one document on stdout "
+            "with the problems as {file, line, field, message}.",
+        ),
+    ] = OutputFormat.TEXT,
+    connect: Annotated[
+        bool,
+        typer.Option(
+            "--connect",
+            help="Also reach the event store and each stream's broker (read-only: nothing "
+            "is received, sent, committed or created), one line per check.",
+        ),
+    ] = False,
+    timeout: Annotated[
+        float,
+        typer.Option(
+            "--timeout",
+            min=0.1,
+            help="With --connect: seconds each call to the store or a broker may take.",
+        ),
+    ] = 10.0,
+) -> None:
+    """Check a configuration: every problem names the file, the line and the field.
+
+    Offline, it also checks this machine: the store URL's scheme, the SQLite file's
+    directory (exists, writable), the PostgreSQL driver, files a stream names.
+    Exit code 0 when valid, 2 when not, 3 when valid but a --connect check failed.
+    """
+    from ..config import ConfigError, load_config
+
+    try:
+        cfg = load_config(config, offline_checks=True)
+    except ConfigError as exc:
+        if output is OutputFormat.JSON:
+            problems = [_problem_document(p) for p in exc.problems]
+            typer.echo(
+                redact(json.dumps({"file": str(config), "valid": False, "problems": problems}))
+            )
+        else:
+            _error(str(exc), title="invalid configuration")
+        raise typer.Exit(2) from None
+    keys = {cfg.streams[w.stream].key for w in cfg.watchers}
+    store = redact(redact_url(cfg.store.url))
+    checks = _connection_checks(cfg, timeout) if connect else None
+    failed = checks is not None and not all(c.ok for c in checks)
+    if output is OutputFormat.JSON:
+        document: dict[str, Any] = {
+            "file": str(config),
+            "valid": True,
+            "problems": [],
+            "store": store,
+            "upstream_polls": len(keys),
+            "watchers": [
+                {
+                    "name": w.name,
+                    "stream": w.stream,
+                    "shared_poll": cfg.streams[w.stream].describe(),
+                    "asset": w.asset,
+                }
+                for w in cfg.watchers
+            ],
+        }
+        if checks is not None:
+            document["connected"] = not failed
+            document["checks"] = [c.document() for c in checks]
+        typer.echo(redact(json.dumps(document)))
+        if failed:
+            raise typer.Exit(3)
+        return
+    table = Table(title=f"{config}: valid")
+    table.add_column("watcher")
+    table.add_column("stream")
+    table.add_column("shared poll (connector and key)")
+    table.add_column("asset")
+    for w in cfg.watchers:
+        stream = cfg.streams[w.stream]
+        table.add_row(w.name, w.stream, redact(stream.describe()), w.asset or "-")
+    console.print(table)
+    summary = (
+        f"{len(cfg.watchers)} watchers share {len(keys)} upstream poll(s); events stored in {store}"
+    )
+    console.print(Text(summary), soft_wrap=True)
+    if checks is not None:
+        for check in checks:
+            style = {"ok": "green", "failed": "red", "skipped": "yellow"}[check.status]
+            line = Text(f"{check.status:<7}", style=style)
+            line.append(redact(f" {check.target} ({check.setting}): {check.detail}"))
+            console.print(line, soft_wrap=True)
+        if failed:
+            raise typer.Exit(3)
+
+
+def _connection_checks(cfg: AcklaneConfig, timeout: float) -> list[CheckResult]:
+    """``validate --connect``: the store's and each upstream's check, each bounded."""
+    from .checks import run_checks
+
+    return asyncio.run(run_checks(cfg, call_timeout=timeout))
+
+
+config_app = typer.Typer(
+    name="config",
+    help="Look at a configuration as acklane reads it.",
+    no_args_is_help=True,
+)
+app.add_typer(config_app, name="config")
+
+
+@config_app.command("show")
+def config_show(
+    config: ConfigArg,
+    output: Annotated[
+        ShowFormat, typer.Option("--format", case_sensitive=False, help="yaml or json.")
+    ] = ShowFormat.YAML,
+) -> None:
+    """Print the resolved configuration: defaults filled in, ${VAR}s substituted, secrets
+    masked as ***."""
+    from ..config import config_document
+
+    document = config_document(_load(config))
+    if output is ShowFormat.JSON:
+        text = json.dumps(document, indent=2, ensure_ascii=False)
+    else:
+        import yaml
+
+        text = yaml.safe_dump(document, sort_keys=False, allow_unicode=True).rstrip("\n")
+    typer.echo(redact(text))
+
+
+@app.command()
+def run(config: ConfigArg, log_level: LogLevelOption = None) -> None:
+    """Run the pipeline until SIGINT/SIGTERM, then shut down gracefully."""
+    global _startup
+    startup, _startup = _startup or _StartupSignals(), None
+    startup.install()  # first (a no-op when the module did it as it was imported)
+    try:
+        _setup_logging(log_level, LogLevel.INFO)
+        log.info("Starting the pipeline of %s", config)
+        cfg = _load(config)
+        from ..errors import AcklaneError
+        from ..observe.metrics import start_metrics_server
+        from ..pipeline.runner import Runner
+
+        runner: Runner | None = None
+        try:
+            runner = Runner(cfg)
+            startup.hand_over(runner)
+            if cfg.metrics.port is not None and not runner.stopping:
+                start_metrics_server(cfg.metrics.port, runner)
+            asyncio.run(runner.run())
+        except (asyncio.CancelledError, KeyboardInterrupt):
+            if runner is None or runner.forced_by is None:
+                raise
+            # a second signal cut the graceful stop short: told below
+        except Exception as exc:
+            # one record (and the traceback at DEBUG), not a screenful on stderr; an
+            # error of acklane's own says what is wrong in its message
+            why = str(exc) if isinstance(exc, AcklaneError) else f"{type(exc).__name__}: {exc}"
+            log.error("acklane run failed: %s", why)
+            log.debug("acklane run failed", exc_info=True)
+            raise typer.Exit(1) from None
+        if runner is not None and runner.forced_by is not None:
+            # one line and the conventional code, however the cut-short stop ended
+            log.warning("Stopped at once by a second %s", runner.forced_by.name)
+            raise typer.Exit(128 + runner.forced_by)
+        if runner is not None and runner.failure is not None:
+            # the runner gave up (it logged why): exit 1, as for a failure to start
+            raise typer.Exit(1)
+    finally:
+        startup.restore()
+
+
+#: Entry-point groups read here (``acklane.core.cli.demo.ENTRY_POINT_GROUP`` is the first).
+DEMO_BROKERS_GROUP = "acklane.demos"  # name -> a DemoBroker subclass, for `acklane demo`
+COMMANDS_GROUP = "acklane.commands"  # name -> a typer.Typer, added as `acklane NAME ...`
+
+
+def _demo_broker_names() -> list[str]:
+    """``--broker`` values: auto, memory and the registered demo brokers (not imported)."""
+    registered = {ep.name for ep in entry_points(group=DEMO_BROKERS_GROUP)} - {"auto", "memory"}
+    return ["auto", "memory", *sorted(registered)]
+
+
+@app.command()
+def demo(
+    messages: Annotated[int, typer.Option(min=6, max=500, help="How many messages.")] = 24,
+    broker: Annotated[
+        str,
+        typer.Option(
+            help="auto: the first registered demo broker that can start (a Kafka emulator "
+            "with acklane-integration), else the in-process broker; memory: the in-process "
+            f"broker; or a registered one (entry points {DEMO_BROKERS_GROUP}). "
+            f"Known: {', '.join(_demo_broker_names())}.",
+        ),
+    ] = "auto",
+    log_level: Annotated[
+        LogLevel | None,
+        typer.Option(
+            "--log-level",
+            case_sensitive=False,
+            help="Default WARNING; DEBUG shows the broker's logs too.",
+            show_default=False,
+        ),
+    ] = None,
+) -> None:
+    """Run a demo pipeline on embedded defaults and show what becomes of each message."""
+    _setup_logging(log_level, LogLevel.WARNING)
+    known = _demo_broker_names()
+    if broker not in known:
+        _error(f"--broker {broker!r}: no such demo broker (known: {', '.join(known)})")
+        raise typer.Exit(2)
+    from .demo import UnknownDemoBroker, run_demo
+
+    try:
+        code = asyncio.run(run_demo(messages, console, broker))
+    except UnknownDemoBroker as exc:
+        _error(str(exc))
+        raise typer.Exit(2) from None
+    except Exception as exc:
+        log.debug("acklane demo --broker %s failed", broker, exc_info=True)
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        _error(f"acklane demo --broker {broker} failed: {type(exc).__name__}: {first}")
+        err_console.print(Text("(--log-level DEBUG shows the traceback)", style="dim"))
+        raise typer.Exit(1) from None
+    raise typer.Exit(code)
+
+
+def _add_subcommands() -> None:
+    from .events import app as events_app
+    from .publish import publish as publish_command
+    from .store import app as store_app
+
+    app.add_typer(events_app, name="events", help="See the trigger events that fired.")
+    app.add_typer(store_app, name="store", help="Read and write the task and asset stores.")
+    app.command("publish")(publish_command)
+    # Other distributions add theirs (acklane-integration: `acklane emulator`).
+    for ep in entry_points(group=COMMANDS_GROUP):
+        try:
+            sub = ep.load()
+        except Exception as exc:  # a broken plugin must not break `acklane run`
+            log.warning("acklane %s (%s) is unavailable: %s", ep.name, ep.value, exc)
+            continue
+        if isinstance(sub, typer.Typer):
+            app.add_typer(sub, name=ep.name)
+        else:
+            log.warning("entry point %s of %s is not a typer.Typer", ep.name, COMMANDS_GROUP)
+
+
+_add_subcommands()
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,207 @@
+"""Prometheus metrics, read from the engine's plain counters at scrape time, and the
+health probes served beside them.
+
+The hot path only bumps integers; this collector turns them into metric families
+when Prometheus scrapes, so metrics cost nothing per event. One small HTTP server
+(the standard library's wsgiref, in a daemon thread) answers ``/metrics``,
+``/healthz`` and ``/readyz`` (see :mod:`acklane.core.observe.health`).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Hashable, Iterable, Iterator
+from socketserver import ThreadingMixIn
+from typing import TYPE_CHECKING, Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import make_wsgi_app
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import REGISTRY, Collector, CollectorRegistry
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
+
+    from ..pipeline.runner import Runner
+
+__all__ = ["EngineCollector", "MetricsServer", "health_app", "start_metrics_server"]
+
+
+def _key(key: Hashable) -> str:
+    from ..pipeline.runner import stream_key_text
+
+    return stream_key_text(key)
+
+
+class EngineCollector(Collector):
+    """Per group: events broadcast, outcomes, advances, lane heads waiting, queue depths,
+    and what its connector did on the broker."""
+
+    def __init__(self, runner: Runner) -> None:
+        self.runner = runner
+
+    def collect(self) -> Iterator[Metric]:
+        manager = self.runner.manager
+        broadcast = CounterMetricFamily(
+            "acklane_events_broadcast", "Raw events broadcast per group", labels=["key"]
+        )
+        outcomes = CounterMetricFamily(
+            "acklane_event_outcomes", "Subscriber resolutions by kind", labels=["key", "outcome"]
+        )
+        batches = CounterMetricFamily(
+            "acklane_advance_batches", "advance() calls per group", labels=["key"]
+        )
+        advanced = CounterMetricFamily(
+            "acklane_advanced_events", "Events handed to advance()", labels=["key"]
+        )
+        seconds = CounterMetricFamily(
+            "acklane_advance_seconds", "Time spent in advance()", labels=["key"]
+        )
+        unclaimed = CounterMetricFamily(
+            "acklane_events_unclaimed", "Events broadcast to an empty snapshot", labels=["key"]
+        )
+        for key, s in manager.group_stats().items():
+            k = _key(key)
+            broadcast.add_metric([k], s.broadcast)
+            outcomes.add_metric([k, "acked"], s.acked)
+            outcomes.add_metric([k, "failed"], s.failed)
+            outcomes.add_metric([k, "rejected"], s.rejected)
+            batches.add_metric([k], s.advance_batches)
+            advanced.add_metric([k], s.advanced_events)
+            seconds.add_metric([k], s.advance_seconds)
+            unclaimed.add_metric([k], s.unclaimed)
+        heads = GaugeMetricFamily(
+            "acklane_lane_heads_waiting", "Lanes whose head is not resolved", labels=["key"]
+        )
+        for key, n in manager.lane_heads_waiting().items():
+            heads.add_metric([_key(key)], n)
+        depth = GaugeMetricFamily(
+            "acklane_subscriber_queue_depth",
+            "Raw events queued per subscriber",
+            labels=["key", "trigger_id"],
+        )
+        for (key, tid), n in manager.queue_depths().items():
+            depth.add_metric([_key(key), tid], n)
+        actions = CounterMetricFamily(
+            "acklane_connector_actions",
+            "What each group's connector did on the broker (commits, dead-lettered, dropped, "
+            "redelivered, ...)",
+            labels=["key", "action"],
+        )
+        for key, counters in manager.producer_counters().items():
+            k = _key(key)
+            for action, count in counters.items():
+                actions.add_metric([k, action], count)
+        yield from (broadcast, outcomes, batches, advanced, seconds, unclaimed, heads, depth)
+        yield actions
+        yield from _poison_metrics(self.runner)
+        store = self.runner._store
+        if store is not None:
+            persisted = CounterMetricFamily(
+                "acklane_events_persisted",
+                "Trigger events committed by the event store",
+                labels=["kind"],
+            )
+            persisted.add_metric(["inserted"], store.stats.inserted)
+            persisted.add_metric(["duplicate"], store.stats.duplicates)
+            yield persisted
+
+
+def _poison_metrics(runner: Runner) -> Iterator[Metric]:
+    """Per stream key: cohort restarts, failed attempts of messages, poison messages."""
+    restarts = CounterMetricFamily(
+        "acklane_cohort_restarts",
+        "Restarts of a stream's watchers (a watcher failed, or the group did)",
+        labels=["key"],
+    )
+    failures = CounterMetricFamily(
+        "acklane_message_failures",
+        "Failed attempts attributed to one message (its filter raised, or timed out on it)",
+        labels=["key"],
+    )
+    poisoned = CounterMetricFamily(
+        "acklane_poison_messages",
+        "Messages rejected for dead-lettering because they failed max_attempts times",
+        labels=["key"],
+    )
+    for book in list(runner.poison.streams().values()):
+        restarts.add_metric([book.key_text], book.restarts)
+        failures.add_metric([book.key_text], book.failures)
+        poisoned.add_metric([book.key_text], book.poisoned)
+    yield from (restarts, failures, poisoned)
+
+
+_WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+
+
+def health_app(runner: Runner, metrics: _WsgiApp) -> _WsgiApp:
+    """``/healthz`` and ``/readyz`` from ``runner.health`` (200, or 503 with a JSON body
+    saying what is wrong); every other path goes to ``metrics``."""
+    from .redact import redact
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO") or "/"
+        if path == "/healthz":
+            ok, body = runner.health.liveness()
+        elif path == "/readyz":
+            ok, body = runner.health.readiness()
+        else:
+            return metrics(environ, start_response)
+        data = (redact(json.dumps(body, default=str)) + "\n").encode()
+        start_response(
+            "200 OK" if ok else "503 Service Unavailable",
+            [
+                ("Content-Type", "application/json"),
+                ("Content-Length", str(len(data))),
+                ("Cache-Control", "no-store"),
+            ],
+        )
+        return [] if environ.get("REQUEST_METHOD") == "HEAD" else [data]
+
+    return app
+
+
+class _ThreadingServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """Probes every few seconds would flood stderr."""
+
+
+class MetricsServer:
+    """The running server; :meth:`close` stops it (the process's exit does too)."""
+
+    def __init__(self, server: WSGIServer, thread: threading.Thread) -> None:
+        self.server = server
+        self.thread = thread
+
+    @property
+    def port(self) -> int:
+        return int(self.server.server_port)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join()
+
+
+def start_metrics_server(
+    port: int,
+    runner: Runner,
+    registry: CollectorRegistry = REGISTRY,
+    *,
+    addr: str = "0.0.0.0",  # a scrape target listens on every interface
+) -> MetricsServer:
+    """Serve ``/metrics``, ``/healthz`` and ``/readyz`` on ``port`` (0: any free port)
+    from a daemon thread."""
+    registry.register(EngineCollector(runner))
+    app = health_app(runner, make_wsgi_app(registry))
+    server = make_server(addr, port, app, _ThreadingServer, handler_class=_QuietHandler)
+    thread = threading.Thread(
+        target=server.serve_forever, name="acklane-metrics-server", daemon=True
+    )
+    thread.start()
+    return MetricsServer(server, thread)

@@ -1,0 +1,692 @@
+"""Watcher filters: the YAML ``filter:`` block compiled into something that runs per message.
+
+A filter is either declarative (``match`` / ``reject`` / ``emit`` over paths into
+the decoded JSON body and the message's attributes) or a Python function named
+by its import path. Everything that can be checked is checked when the filter is
+compiled (at configuration load), so a running watcher never meets a typo.
+
+Paths: ``body`` (the decoded JSON body), ``body.a.b.0`` (fields and list
+indexes), ``attributes`` / ``attributes.<name>`` (the whole rest is the attribute
+name, dots included), ``key``, ``message_id``, ``source``, ``delivery_attempt``.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import difflib
+import importlib
+import inspect
+import json
+import re
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from ..errors import AcklaneError
+from ..message import BodyDecodeError, RawMessage
+from ..trigger import TriggerEvent, reject_shared_stream_event
+
+__all__ = [
+    "OPERATORS",
+    "PATH_ROOTS",
+    "CompiledFilter",
+    "FilterSpec",
+    "FilterSpecError",
+    "Rejected",
+    "compile_filter",
+    "import_object",
+]
+
+#: The operators a condition may use; a bare value means ``eq``.
+OPERATORS: Final = (
+    "eq",
+    "ne",
+    "gt",
+    "gte",
+    "lt",
+    "lte",
+    "in",
+    "not_in",
+    "exists",
+    "regex",
+    "contains",
+)
+
+#: Where a path may start.
+PATH_ROOTS: Final = ("body", "attributes", "key", "message_id", "source", "delivery_attempt")
+
+ProblemPath = tuple[str | int, ...]
+
+
+class FilterSpec(BaseModel):
+    """A watcher's ``filter:`` block as written; :func:`compile_filter` checks the rest."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    match: dict[str, Any] | None = None
+    reject: dict[str, Any] | None = None
+    reject_invalid_json: bool | None = None
+    emit: Any = None
+    function: str | None = None
+
+
+class FilterSpecError(AcklaneError, ValueError):
+    """A filter block that cannot be compiled; ``problems`` are (path in the block, message)."""
+
+    def __init__(self, problems: Sequence[tuple[ProblemPath, str]]) -> None:
+        self.problems = list(problems)
+        super().__init__(
+            "; ".join(f"{_dotted(path) or 'filter'}: {message}" for path, message in self.problems)
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """The verdict for a message that must be dead-lettered, with the reason."""
+
+    reason: str
+
+
+_MISSING: Final = object()
+
+
+def _dotted(path: ProblemPath) -> str:
+    out = ""
+    for part in path:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif "." in part or " " in part or not part:
+            out += f"[{json.dumps(part)}]"
+        else:
+            out += f".{part}" if out else part
+    return out
+
+
+def _show(value: Any) -> str:
+    """A value as it would be written in YAML/JSON, for messages."""
+    try:
+        return json.dumps(value, ensure_ascii=False, default=repr)
+    except (TypeError, ValueError):  # pragma: no cover - default=repr makes this rare
+        return repr(value)
+
+
+# -- message view ---------------------------------------------------------------------
+
+
+class _View:
+    """One message as paths see it; decodes the body at most once."""
+
+    __slots__ = ("_body", "message")
+
+    def __init__(self, message: RawMessage, body: Any = _MISSING) -> None:
+        self.message = message
+        self._body = body
+
+    def body(self) -> Any:
+        if self._body is _MISSING:
+            self._body = _lenient_body(self.message)
+        return self._body
+
+    def message_dict(self) -> dict[str, Any]:
+        m = self.message
+        return {
+            "body": self.body(),
+            "attributes": dict(m.attributes),
+            "key": m.key,
+            "message_id": m.message_id,
+            "source": m.source,
+        }
+
+
+def _lenient_body(message: RawMessage) -> Any:
+    """The body for a filter that accepts non-JSON: JSON, else text, else base64."""
+    try:
+        return message.json()
+    except BodyDecodeError:
+        pass
+    try:
+        return message.text()
+    except BodyDecodeError:
+        return {"base64": base64.b64encode(message.body).decode("ascii")}
+
+
+class _Path:
+    __slots__ = ("parts", "root", "text")
+
+    def __init__(self, text: str, root: str, parts: tuple[str, ...]) -> None:
+        self.text = text
+        self.root = root
+        self.parts = parts
+
+    @property
+    def reads_body(self) -> bool:
+        return self.root == "body"
+
+    def get(self, view: _View) -> Any:
+        root = self.root
+        if root == "body":
+            value: Any = view.body()
+            for part in self.parts:
+                if isinstance(value, Mapping):
+                    value = value.get(part, _MISSING)
+                elif isinstance(value, list) and part.isdigit():
+                    index = int(part)
+                    value = value[index] if index < len(value) else _MISSING
+                else:
+                    return _MISSING
+                if value is _MISSING:
+                    return _MISSING
+            return value
+        message = view.message
+        if root == "attributes":
+            if not self.parts:
+                return dict(message.attributes)
+            return message.attributes.get(self.parts[0], _MISSING)
+        value = getattr(message, root)
+        return _MISSING if value is None else value
+
+
+def _parse_path(text: Any) -> _Path:
+    if not isinstance(text, str) or not text:
+        raise ValueError(f"expected a path such as body.type, got {_show(text)}")
+    root, _, rest = text.partition(".")
+    if root not in PATH_ROOTS:
+        hint = difflib.get_close_matches(root, PATH_ROOTS, n=1)
+        also = f"; did you mean {hint[0]!r}?" if hint else ""
+        raise ValueError(f"path {text!r} must start with one of {', '.join(PATH_ROOTS)}{also}")
+    if root == "attributes":
+        return _Path(text, root, (rest,) if rest else ())
+    if root == "body":
+        parts = tuple(rest.split(".")) if rest else ()
+        if any(not p for p in parts):
+            raise ValueError(f"path {text!r} has an empty segment")
+        return _Path(text, root, parts)
+    if rest:
+        raise ValueError(f"path {text!r}: {root} is a single value and has no fields")
+    return _Path(text, root, ())
+
+
+# -- conditions -----------------------------------------------------------------------
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _same(a: Any, b: Any) -> bool:
+    """JSON equality: booleans are not numbers, 1 == 1.0, containers compare deeply."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool) and a == b
+    if _is_number(a) and _is_number(b):
+        return bool(a == b)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    return type(a) is type(b) and bool(a == b)
+
+
+def _comparable(a: Any, b: Any) -> bool:
+    return (_is_number(a) and _is_number(b)) or (isinstance(a, str) and isinstance(b, str))
+
+
+Test = Callable[[Any], bool]
+
+
+def _make_test(op: str, operand: Any) -> Test:
+    """The predicate of one operator; raises ValueError for an operand it cannot use."""
+    if op == "eq":
+        return lambda v: v is not _MISSING and _same(v, operand)
+    if op == "ne":
+        return lambda v: v is _MISSING or not _same(v, operand)
+    if op in ("gt", "gte", "lt", "lte"):
+        if not (_is_number(operand) or isinstance(operand, str)):
+            raise ValueError(f"{op} expects a number or a string, got {_show(operand)}")
+        if op == "gt":
+            return lambda v: _comparable(v, operand) and v > operand
+        if op == "gte":
+            return lambda v: _comparable(v, operand) and v >= operand
+        if op == "lt":
+            return lambda v: _comparable(v, operand) and v < operand
+        return lambda v: _comparable(v, operand) and v <= operand
+    if op in ("in", "not_in"):
+        if not isinstance(operand, list):
+            raise ValueError(f"{op} expects a list of values, got {_show(operand)}")
+        choices = list(operand)
+        if op == "in":
+            return lambda v: v is not _MISSING and any(_same(v, c) for c in choices)
+        return lambda v: v is _MISSING or not any(_same(v, c) for c in choices)
+    if op == "exists":
+        if not isinstance(operand, bool):
+            raise ValueError(f"exists expects true or false, got {_show(operand)}")
+        return (lambda v: v is not _MISSING) if operand else (lambda v: v is _MISSING)
+    if op == "regex":
+        if not isinstance(operand, str):
+            raise ValueError(f"regex expects a string, got {_show(operand)}")
+        try:
+            pattern = re.compile(operand)
+        except re.error as exc:
+            raise ValueError(f"invalid regular expression {operand!r}: {exc}") from None
+        return lambda v: isinstance(v, str) and pattern.search(v) is not None
+    if op == "contains":
+        if isinstance(operand, Mapping | list):
+            raise ValueError(f"contains expects a single value, got {_show(operand)}")
+
+        def contains(v: Any) -> bool:
+            if isinstance(v, str):
+                return isinstance(operand, str) and operand in v
+            if isinstance(v, list):
+                return any(_same(item, operand) for item in v)
+            if isinstance(v, Mapping):
+                return isinstance(operand, str) and operand in v
+            return False
+
+        return contains
+    raise AssertionError(op)  # pragma: no cover - callers check the operator
+
+
+@dataclass(frozen=True, slots=True)
+class _Condition:
+    path: _Path
+    op: str
+    operand: Any
+    test: Test
+
+    def holds(self, view: _View) -> bool:
+        return self.test(self.path.get(view))
+
+    def describe(self, view: _View) -> str:
+        value = self.path.get(view)
+        shown = "missing" if value is _MISSING else _show(value)
+        return f"{self.path.text} {self.op} {_show(self.operand)} (value: {shown})"
+
+
+def _compile_conditions(
+    block: Mapping[str, Any], where: str, problems: list[tuple[ProblemPath, str]]
+) -> list[_Condition]:
+    conditions: list[_Condition] = []
+    for path_text, spec in block.items():
+        try:
+            path = _parse_path(path_text)
+        except ValueError as exc:
+            problems.append(((where, path_text), str(exc)))
+            continue
+        if isinstance(spec, Mapping):
+            if not spec:
+                problems.append(
+                    ((where, path_text), "empty condition; give a value or {operator: value}")
+                )
+                continue
+            unknown = [op for op in spec if op not in OPERATORS]
+            if unknown:
+                for op in unknown:
+                    hint = difflib.get_close_matches(str(op), OPERATORS, n=1)
+                    also = f"did you mean {hint[0]!r}? " if hint else ""
+                    problems.append(
+                        (
+                            (where, path_text, str(op)),
+                            f"unknown operator {op!r}; {also}operators are "
+                            f"{', '.join(OPERATORS)} (to compare with a mapping, "
+                            "write {eq: {...}})",
+                        )
+                    )
+                continue
+            items = list(spec.items())
+        else:
+            items = [("eq", spec)]
+        for op, operand in items:
+            try:
+                test = _make_test(op, operand)
+            except ValueError as exc:
+                loc: ProblemPath = (
+                    (where, path_text, op)
+                    if isinstance(spec, Mapping)
+                    else (
+                        where,
+                        path_text,
+                    )
+                )
+                problems.append((loc, str(exc)))
+                continue
+            conditions.append(_Condition(path, op, operand, test))
+    return conditions
+
+
+# -- emit -----------------------------------------------------------------------------
+
+Emitter = Callable[[_View], Any]
+
+
+def _compile_emit(emit: Any, problems: list[tuple[ProblemPath, str]]) -> tuple[Emitter, bool]:
+    """The payload builder and whether it reads the body."""
+    if emit is None:
+        emit = "body"
+    if emit == "message":
+        return _View.message_dict, True
+    if isinstance(emit, str):
+        try:
+            path = _parse_path(emit)
+        except ValueError as exc:
+            problems.append((("emit",), f"{exc} (or 'message')"))
+            return _View.body, True
+        return (lambda view: _none_if_missing(path.get(view))), path.reads_body
+    if isinstance(emit, Mapping) and emit:
+        fields: list[tuple[str, _Path]] = []
+        for name, path_text in emit.items():
+            if not isinstance(name, str) or not name:
+                problems.append((("emit", str(name)), "expected a non-empty field name"))
+                continue
+            try:
+                fields.append((name, _parse_path(path_text)))
+            except ValueError as exc:
+                problems.append((("emit", name), str(exc)))
+
+        def build(view: _View) -> dict[str, Any]:
+            return {name: _none_if_missing(path.get(view)) for name, path in fields}
+
+        return build, any(p.reads_body for _, p in fields)
+    problems.append(
+        (
+            ("emit",),
+            "expected body, message, a path such as body.order, or a mapping of "
+            f"name: path, got {_show(emit)}",
+        )
+    )
+    return _View.body, True
+
+
+def _none_if_missing(value: Any) -> Any:
+    return None if value is _MISSING else value
+
+
+# -- functions ------------------------------------------------------------------------
+
+
+def import_object(path: str) -> Any:
+    """The object named ``package.module:attr.sub`` (or ``package.module.attr``).
+
+    Raises ValueError naming the module or attribute that could not be found.
+    """
+    if not isinstance(path, str) or not path.strip():
+        raise ValueError(f"expected an import path such as mypkg.filters:my_filter, got {path!r}")
+    if ":" in path:
+        module_name, _, attr_path = path.partition(":")
+    else:
+        module_name, _, attr_path = path.rpartition(".")
+    if not module_name or not attr_path:
+        raise ValueError(f"{path!r} is not an import path; write package.module:function")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"cannot import module {module_name!r} (from {path!r}): {exc}") from None
+    except Exception as exc:
+        raise ValueError(
+            f"importing module {module_name!r} (from {path!r}) failed: {type(exc).__name__}: {exc}"
+        ) from None
+    for attr in attr_path.split("."):
+        try:
+            obj = getattr(obj, attr)
+        except AttributeError:
+            raise ValueError(
+                f"module {module_name!r} has no attribute {attr_path!r} (from {path!r})"
+            ) from None
+    return obj
+
+
+def _check_signature(fn: Callable[..., Any], n: int, path: str, shape: str) -> str | None:
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # builtins without a signature: trust them
+        return None
+    try:
+        signature.bind(*([None] * n))
+    except TypeError as exc:
+        return f"{path} cannot be called as {shape}: {exc}"
+    return None
+
+
+# -- the compiled filter --------------------------------------------------------------
+
+
+class CompiledFilter:
+    """A watcher's filter, ready to run over the raw stream.
+
+    ``evaluate(message)`` gives the verdict for one message (a list of payloads,
+    empty when nothing fires, or :class:`Rejected`); ``run(stream, watcher)`` is the
+    async generator a trigger's ``filter_shared_stream`` delegates to.
+    """
+
+    __slots__ = (
+        "_conditions",
+        "_emit",
+        "_function",
+        "_function_kind",
+        "_rejects",
+        "label",
+        "reads_body",
+        "reject_invalid_json",
+    )
+
+    def __init__(
+        self,
+        *,
+        label: str,
+        conditions: Sequence[_Condition] = (),
+        rejects: Sequence[_Condition] = (),
+        emit: Emitter = _View.body,
+        reads_body: bool = True,
+        reject_invalid_json: bool = True,
+        function: Callable[..., Any] | None = None,
+        function_kind: str | None = None,
+    ) -> None:
+        self.label = label
+        self._conditions = tuple(conditions)
+        self._rejects = tuple(rejects)
+        self._emit = emit
+        self.reads_body = reads_body
+        self.reject_invalid_json = reject_invalid_json
+        self._function = function
+        self._function_kind = function_kind
+
+    @property
+    def takes_over_stream(self) -> bool:
+        """True for an async generator function ``fn(stream, watcher)``."""
+        return self._function_kind == "stream"
+
+    def _prefix(self, text: str) -> str:
+        return f"{self.label}: {text}" if self.label else text
+
+    def evaluate(self, message: RawMessage) -> list[Any] | Rejected:
+        """The verdict for one message (declarative filters and plain sync functions)."""
+        kind = self._function_kind
+        if kind == "plain":
+            assert self._function is not None
+            try:
+                return _payloads(self._function(message))
+            except BodyDecodeError as exc:
+                if self.reject_invalid_json:
+                    return Rejected(self._prefix(str(exc)))
+                raise
+        if kind is not None:
+            raise TypeError(
+                f"{self.label or 'filter'}: an async filter cannot be evaluated synchronously"
+            )
+        if not isinstance(message, RawMessage):
+            raise TypeError(
+                f"{self.label or 'filter'}: expected a RawMessage, got {type(message).__name__}"
+            )
+        view: _View
+        if self.reads_body and self.reject_invalid_json:
+            try:
+                view = _View(message, message.json())
+            except BodyDecodeError as exc:
+                return Rejected(self._prefix(str(exc)))
+        else:
+            view = _View(message)
+        for rule in self._rejects:
+            if rule.holds(view):
+                return Rejected(self._prefix(f"reject rule matched: {rule.describe(view)}"))
+        for condition in self._conditions:
+            if not condition.holds(view):
+                return []
+        return [self._emit(view)]
+
+    async def _evaluate_async(self, message: RawMessage) -> list[Any] | Rejected:
+        assert self._function is not None
+        try:
+            return _payloads(await self._function(message))
+        except BodyDecodeError as exc:
+            if self.reject_invalid_json:
+                return Rejected(self._prefix(str(exc)))
+            raise
+
+    async def run(self, stream: AsyncIterator[Any], watcher: Any) -> AsyncIterator[TriggerEvent]:
+        """Turn the raw stream into trigger events, rejecting what must be dead-lettered."""
+        if self._function_kind == "stream":
+            assert self._function is not None
+            # aclosing: when the engine closes this wrapper, the user's generator is
+            # closed now, in this task (its finally blocks run before the watcher leaves).
+            async with contextlib.aclosing(self._function(stream, watcher)) as events:
+                async for item in events:
+                    yield item if isinstance(item, TriggerEvent) else TriggerEvent(item)
+            return
+        if self._function_kind is None:
+            # declarative: evaluate() inlined (once per message), in this generator
+            rejects, conditions, emit = self._rejects, self._conditions, self._emit
+            decode = self.reads_body and self.reject_invalid_json
+            view: _View
+            async for message in stream:
+                if not isinstance(message, RawMessage):
+                    raise TypeError(
+                        f"{self.label or 'filter'}: expected a RawMessage, "
+                        f"got {type(message).__name__}"
+                    )
+                if decode:
+                    try:
+                        view = _View(message, message.json())
+                    except BodyDecodeError as exc:
+                        reject_shared_stream_event(self._prefix(str(exc)))
+                        continue
+                else:
+                    view = _View(message)
+                for rule in rejects:
+                    if rule.holds(view):
+                        reason = f"reject rule matched: {rule.describe(view)}"
+                        reject_shared_stream_event(self._prefix(reason))
+                        break
+                else:
+                    for condition in conditions:
+                        if not condition.holds(view):
+                            break
+                    else:
+                        event = emit(view)
+                        yield event if isinstance(event, TriggerEvent) else TriggerEvent(event)
+            return
+        asynchronous = self._function_kind == "async"
+        async for message in stream:
+            verdict = (
+                await self._evaluate_async(message) if asynchronous else self.evaluate(message)
+            )
+            if isinstance(verdict, Rejected):
+                reject_shared_stream_event(verdict.reason)
+                continue
+            for payload in verdict:
+                yield payload if isinstance(payload, TriggerEvent) else TriggerEvent(payload)
+
+
+def _payloads(result: Any) -> list[Any]:
+    if result is None:
+        return []
+    if isinstance(result, list):
+        return [p for p in result if p is not None]
+    return [result]
+
+
+def _spec_problems(exc: ValidationError) -> list[tuple[ProblemPath, str]]:
+    return [(tuple(e["loc"]), e["msg"]) for e in exc.errors()]
+
+
+def compile_filter(
+    spec: FilterSpec | Mapping[str, Any] | None, *, label: str = ""
+) -> CompiledFilter:
+    """Compile a ``filter:`` block; raises :class:`FilterSpecError` listing every problem.
+
+    ``label`` (usually ``watcher <name>``) prefixes rejection reasons. A function
+    filter is imported here, so a bad import path fails now rather than at run time.
+    """
+    if spec is None:
+        spec = FilterSpec()
+    elif not isinstance(spec, FilterSpec):
+        try:
+            spec = FilterSpec.model_validate(spec)
+        except ValidationError as exc:
+            raise FilterSpecError(_spec_problems(exc)) from None
+    problems: list[tuple[ProblemPath, str]] = []
+
+    if spec.function is not None:
+        return _compile_function(spec, label, problems)
+
+    conditions = _compile_conditions(spec.match or {}, "match", problems)
+    rejects = _compile_conditions(spec.reject or {}, "reject", problems)
+    emit, emit_reads_body = _compile_emit(spec.emit, problems)
+    if problems:
+        raise FilterSpecError(problems)
+    reads_body = emit_reads_body or any(c.path.reads_body for c in (*conditions, *rejects))
+    reject_invalid_json = (
+        reads_body if spec.reject_invalid_json is None else spec.reject_invalid_json
+    )
+    return CompiledFilter(
+        label=label,
+        conditions=conditions,
+        rejects=rejects,
+        emit=emit,
+        reads_body=reads_body or reject_invalid_json,
+        reject_invalid_json=reject_invalid_json,
+    )
+
+
+def _compile_function(
+    spec: FilterSpec, label: str, problems: list[tuple[ProblemPath, str]]
+) -> CompiledFilter:
+    path = spec.function
+    assert path is not None
+    mixed = [name for name in ("match", "reject", "emit") if getattr(spec, name) is not None]
+    for name in mixed:
+        problems.append(
+            ((name,), f"cannot be combined with function ({path}); the function decides alone")
+        )
+    try:
+        fn = import_object(path)
+    except ValueError as exc:
+        problems.append((("function",), str(exc)))
+        raise FilterSpecError(problems) from None
+    if not callable(fn):
+        problems.append((("function",), f"{path} is a {type(fn).__name__}, not a function"))
+        raise FilterSpecError(problems)
+    if inspect.isasyncgenfunction(fn):
+        kind = "stream"
+        bad = _check_signature(fn, 2, path, "an async generator fn(stream, watcher)")
+        if spec.reject_invalid_json is not None:
+            problems.append(
+                (
+                    ("reject_invalid_json",),
+                    f"does not apply to the async generator {path}, which reads the stream itself",
+                )
+            )
+    else:
+        kind = "async" if inspect.iscoroutinefunction(fn) else "plain"
+        bad = _check_signature(fn, 1, path, "fn(message)")
+    if bad:
+        problems.append((("function",), bad))
+    if problems:
+        raise FilterSpecError(problems)
+    return CompiledFilter(
+        label=label,
+        reads_body=False,
+        reject_invalid_json=True if spec.reject_invalid_json is None else spec.reject_invalid_json,
+        function=fn,
+        function_kind=kind,
+    )

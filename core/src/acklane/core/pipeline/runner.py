@@ -1,0 +1,577 @@
+"""The runner: builds watchers from a configuration and keeps them running.
+
+Watchers that share a stream key form a **cohort**. A cohort subscribes together
+(so every member is in the first event's snapshot) and, when any member fails
+(group failure, ack timeout, overflow, a crashing filter) or leaves (its filter
+returns, the event store raises), the whole cohort is restarted together after a
+capped exponential backoff: a member that rejoined alone would miss what was
+broadcast while it was away, and the others would let the broker advance past it.
+A member that leaves fails the group *before* it detaches (the engine's orderly
+leave would ack the event it is on and take it out of later broadcasts), so
+nothing is advanced without it. On restart the broker redelivers from its last
+advanced position; the event store drops the duplicates.
+
+Shutdown (SIGINT/SIGTERM, or :meth:`Runner.request_stop`) is graceful and bounded
+by ``engine.shutdown_timeout``: stop pulling, let watchers finish what is queued,
+flush the event store (confirmations arrive), advance what is resolved, close the
+producers, close the stores. A stop requested before :meth:`Runner.run` makes it
+return at once, having started nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import time
+from collections.abc import Hashable, Sequence
+from typing import TYPE_CHECKING, Final
+
+from ..errors import AcklaneError, BrokerAuthError, ConnectorError
+from ..events import EventRecord, EventStore
+from ..manager import CONSUMER_CLOSED, FILTER_RETURNED, SharedStreamManager
+from ..observe.health import CohortStatus, Health
+from ..observe.progress import Progress
+from ..producer import AdvanceItem
+from ..trigger import SharedStreamError, TriggerEvent, reject_shared_stream_event
+from .poison import Failure, PoisonPolicy, max_attempts_of
+from .watcher import WatcherTrigger, build_watchers
+
+if TYPE_CHECKING:
+    from ..config import AcklaneConfig
+    from ..stores import StateBackend
+
+__all__ = ["RestartsExhausted", "RunObserver", "Runner", "WatcherLeft", "stream_key_text"]
+
+log = logging.getLogger("acklane.core.pipeline.runner")
+
+#: Seconds the event store may take to close after a second signal forced the stop.
+FORCED_CLOSE_TIMEOUT: Final = 2.0
+
+
+def stream_key_text(key: Hashable) -> str:
+    """The text form of a shared stream key kept with each stored event."""
+    if isinstance(key, tuple):
+        return json.dumps(list(key), default=str, separators=(",", ":"))
+    return json.dumps(key, default=str)
+
+
+class WatcherLeft(SharedStreamError):
+    """A watcher left its cohort while the pipeline ran (its filter returned, or it failed
+    outside the engine, say in the event store); what its siblings' iterators raise.
+
+    The group was failed *before* the watcher detached: an orderly leave would ack the
+    event it was on and take it out of every later broadcast, so the siblings would let
+    the broker advance past messages it never saw. Failed, the cohort restarts together
+    and the broker redelivers from its last advanced position.
+    """
+
+
+class RestartsExhausted(AcklaneError):
+    """A cohort failed more than ``engine.max_restarts`` times in a row without progress
+    (nothing advanced, no failure attributable to a message); the runner gave up."""
+
+
+class RunObserver:
+    """Hooks for displays (the demo, progress bars); every method is optional."""
+
+    def fired(self, watcher: str, event: TriggerEvent, message_id: str | None) -> None:
+        """A watcher yielded a trigger event (before it is stored)."""
+
+    def advanced(self, key: Hashable, batch: Sequence[AdvanceItem]) -> None:
+        """The producer advanced the broker past a batch."""
+
+    def cohort_failed(self, key: Hashable, error: BaseException, delay: float) -> None:
+        """A cohort failed and restarts after ``delay`` seconds."""
+
+    def rejected_payload(self, watcher: str, error: Exception) -> None:
+        """A watcher yielded a payload that is not JSON; its raw event was rejected."""
+
+
+class _Cohort:
+    """The watchers of one stream key, subscribed and restarted together."""
+
+    def __init__(self, runner: Runner, key: Hashable, watchers: list[WatcherTrigger]) -> None:
+        self.runner = runner
+        self.key = key
+        self.key_text = stream_key_text(key)
+        self.watchers = watchers
+        self.delay = runner.config.engine.restart_backoff_initial
+        streams = ",".join(sorted({w.stream for w in watchers}))
+        # readiness (/readyz) and progress lines, per stream key
+        self.status = CohortStatus(streams, self.key_text, tuple(w.name for w in watchers))
+        runner.health.cohorts[self.key_text] = self.status
+        self.progress = runner.progress.add(key, streams, self.key_text)
+        # the poison policy's books of this key (failed attempts, restarts)
+        self.attempts = runner.poison.stream(
+            key, self.key_text, max_attempts_of(watchers[0].stream_config())
+        )
+        self.stalled = 0  # restarts in a row without progress (engine.max_restarts)
+
+    async def run(self) -> None:
+        engine = self.runner.config.engine
+        while not self.runner.stopping:
+            # the failed attempts on record, written first (the last failure included)
+            await self.runner.poison.load(self.key)
+            started = time.monotonic()
+            self.status.set("polling")
+            error = await self._attempt()
+            if isinstance(error, BrokerAuthError) and not self.runner.stopping:
+                self.runner.give_up(error, self._auth_failure(error))
+            if self.runner.stopping:
+                self.status.set("stopped")
+                return
+            ran_well = time.monotonic() - started > engine.restart_backoff_max
+            if ran_well:
+                self.delay = engine.restart_backoff_initial  # it ran well for a while
+            failure = self.attempts.take_failure()
+            if self._gives_up(error, failure, ran_well):
+                self.status.set("stopped")
+                return
+            delay = self.delay
+            self.delay = min(self.delay * 2, engine.restart_backoff_max)
+            self.status.set("restarting", _why(error))
+            self.progress.restarts += 1
+            self.attempts.restarts += 1
+            log.warning(
+                "Restarting watchers %s of key=%s in %.1fs: %s",
+                ", ".join(w.name for w in self.watchers),
+                self.key_text,
+                delay,
+                _why(error) if failure is None else failure.describe(),
+            )
+            self.runner.observer.cohort_failed(self.key, error, delay)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay + engine.shutdown_timeout):
+                    # the old group's producer leaves the broker before a new one joins
+                    await self.runner.manager.wait_key_closed(self.key)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay):
+                    await self.runner.stopped.wait()
+
+    def _gives_up(self, error: BaseException, failure: Failure | None, ran_well: bool) -> bool:
+        """Count a restart without progress; past ``engine.max_restarts`` the runner gives up.
+
+        Progress: something was advanced, or the attempt ran longer than
+        ``restart_backoff_max``. A failure attributed to a message is no step towards
+        giving up: the poison policy bounds those (``max_attempts``).
+        """
+        if self.attempts.take_progress() > 0 or ran_well:
+            self.stalled = 0
+        elif failure is None:
+            self.stalled += 1
+        limit = self.runner.config.engine.max_restarts
+        if limit is None or self.stalled <= limit:
+            return False
+        names = ", ".join(w.name for w in self.watchers)
+        text = (
+            f"watchers {names} of key={self.key_text} failed {self.stalled} times in a row "
+            f"without progress (engine.max_restarts={limit}); last error: {_why(error)}"
+        )
+        self.runner.give_up(RestartsExhausted(text), f"Giving up: {text}")
+        return True
+
+    def _auth_failure(self, error: BrokerAuthError) -> str:
+        """One line: which stream, what the broker said, which settings to check."""
+        streams = sorted({w.stream for w in self.watchers})
+        check = ", ".join(f"streams.{s}.{field}" for s in streams for field in error.settings)
+        return (
+            f"stream {', '.join(streams)}: {error}"
+            + (f" (check {check})" if check else "")
+            + "; stopping: authentication and authorisation errors are not retried"
+        )
+
+    async def _attempt(self) -> BaseException:
+        """Run every watcher until one fails; return why (the first failure)."""
+        first: list[BaseException] = []
+        tasks = [
+            asyncio.create_task(self._watch(w, first), name=f"acklane-watcher-{w.name}")
+            for w in self.watchers
+        ]
+        # a watcher stuck in its own code never sees its group fail: learn of it here
+        failed = asyncio.create_task(
+            self.runner.manager.wait_failed(self.key), name=f"acklane-failed-{self.key_text}"
+        )
+        try:
+            await asyncio.wait([*tasks, failed], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (*tasks, failed):
+                task.cancel()
+            await asyncio.gather(*tasks, failed, return_exceptions=True)
+        if first:
+            return first[0]
+        if failed.done() and not failed.cancelled():
+            return failed.result()
+        return RuntimeError("a watcher's filter returned; a watcher must run until stopped")
+
+    async def _watch(self, trigger: WatcherTrigger, first: list[BaseException]) -> None:
+        runner = self.runner
+        manager = runner.manager
+        store = runner.store
+        observer = runner.observer
+        name = trigger.name
+        key = self.key
+        key_text = self.key_text
+        progress = self.progress
+        try:
+            # manager.events() without its generator step per event: the filter's own
+            # iterator, and the subscription's failure and close done here
+            subscription = manager.subscription(trigger_id=name, trigger=trigger, key=key)
+            how = CONSUMER_CLOSED
+            step = subscription.events.__anext__
+            try:
+                while True:
+                    try:
+                        event = await step()
+                    except StopAsyncIteration:
+                        how = FILTER_RETURNED
+                        break
+                    except BaseException as exc:  # the filter's (or its cancellation)
+                        subscription.failed(exc)
+                        raise
+                    try:
+                        bound = manager.bind_event(trigger_id=name, key=key)
+                        message_id = None if bound is None else bound.message_id
+                        observer.fired(name, event, message_id)
+                        record = EventRecord(
+                            name,
+                            key_text,
+                            event.payload,
+                            message_id,
+                            0 if bound is None else bound.position,
+                        )
+                        try:
+                            await store.put(record, None if bound is None else bound.seq)
+                            progress.events += 1
+                        except TypeError as exc:
+                            # Not JSON: it can never be stored. Dead-letter the raw event
+                            # (its binding window is still open) instead of looping on it.
+                            log.error(
+                                "Watcher %s yielded an event that cannot be stored: %s",
+                                name,
+                                exc,
+                            )
+                            reject_shared_stream_event(reason=f"watcher {name}: {exc}")
+                            if bound is not None:
+                                manager.discard_pending_event(bound.seq)
+                            observer.rejected_payload(name, exc)
+                    except Exception as exc:
+                        # Leaving on an error of its own (the event store, an observer):
+                        # fail the group while this watcher is still subscribed, so that
+                        # nothing is advanced without it; only then does it detach.
+                        if not runner.stopping:
+                            first.append(exc)
+                            manager.fail_group(
+                                key, WatcherLeft(f"watcher {name} failed: {_why(exc)}")
+                            )
+                        raise
+            finally:
+                await subscription.aclose(how)
+            # The filter returned: the engine called _on_subscriber_leaving, which failed
+            # the group before this watcher detached.
+            if not runner.stopping:
+                first.append(
+                    WatcherLeft(f"watcher {name}: its filter returned; it must run until stopped")
+                )
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if isinstance(exc, ConnectorError):
+                # the broker's error: the group's and the restart's lines name it; the
+                # traceback only helps at DEBUG
+                log.debug("Watcher %s failed", name, exc_info=exc)
+            elif not isinstance(exc, SharedStreamError):  # the engine logged its own already
+                log.error("Watcher %s failed", name, exc_info=exc)
+            if not runner.stopping and not any(e is exc for e in first):
+                first.append(exc)
+
+
+def _why(error: BaseException) -> str:
+    text = str(error)
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+class Runner:
+    """Runs a configuration's watchers until stopped."""
+
+    def __init__(
+        self,
+        config: AcklaneConfig,
+        *,
+        observer: RunObserver | None = None,
+        handle_signals: bool = True,
+    ) -> None:
+        self.config = config
+        self.observer = observer or RunObserver()
+        self.handle_signals = handle_signals
+        self.stopping = False
+        #: Why the runner gave up (an error no restart can fix), or None; set by
+        #: :meth:`give_up`. ``acklane run`` exits with code 1 when it is set.
+        self.failure: BaseException | None = None
+        #: The signal that forced an immediate stop (a second SIGINT/SIGTERM), if any.
+        self.forced_by: signal.Signals | None = None
+        self._main_task: asyncio.Task[object] | None = None
+        self._stopped: asyncio.Event | None = None
+        #: Failed attempts per message, restarts per stream (see acklane.core.pipeline.poison).
+        self.poison = PoisonPolicy()
+        self.manager = SharedStreamManager(
+            max_subscriber_queue=config.engine.subscriber_queue_size,
+            ack_timeout=config.engine.ack_timeout,
+            cohort_grace_period=config.engine.cohort_grace_period,
+            overflow=config.engine.overflow,
+            on_advance=self._on_advance,
+            on_subscriber_failed=self._on_subscriber_failed,
+            on_subscriber_leaving=self._on_subscriber_leaving,
+            poison_policy=self.poison,
+        )
+        self._store: EventStore | None = None
+        self.state_backend: StateBackend | None = None
+        self.watchers = build_watchers(config)
+        #: What /healthz and /readyz read (acklane.core.observe.metrics serves them).
+        self.health = Health()
+        #: Per-stream counters of the periodic progress lines (engine.progress_interval).
+        self.progress = Progress(self.manager.group_stats)
+
+    @property
+    def stopped(self) -> asyncio.Event:
+        if self._stopped is None:
+            self._stopped = asyncio.Event()
+        return self._stopped
+
+    @property
+    def store(self) -> EventStore:
+        if self._store is None:
+            raise RuntimeError("the runner is not running")
+        return self._store
+
+    def _on_advance(self, key: Hashable, batch: Sequence[AdvanceItem]) -> None:
+        self.poison.advanced(key, len(batch))
+        self.progress.advanced(key, batch)
+        self.observer.advanced(key, batch)
+
+    def _on_subscriber_failed(self, key: Hashable, trigger_id: str, exc: BaseException) -> None:
+        # The failed watcher is out of every later snapshot: if its siblings went on,
+        # the broker would advance past events it never saw. Fail the whole group at
+        # once (nothing more is advanced) and let the cohort restart together.
+        if not self.stopping:
+            self.progress.sample()  # the group's counters, before it goes
+            self.manager.fail_group(key, exc)
+
+    def _on_subscriber_leaving(self, key: Hashable, trigger_id: str, how: str) -> None:
+        # Called before the subscription detaches. While the pipeline runs a watcher
+        # never leaves in order (only a shutdown ends it): an orderly leave would ack the
+        # event it is on and let its siblings advance past what is broadcast after it.
+        if self.stopping:
+            return
+        log.error(
+            "Watcher %s left while the pipeline runs (%s); failing its cohort so that "
+            "nothing is committed without it",
+            trigger_id,
+            how,
+        )
+        self.progress.sample()  # the group's counters, before it goes
+        self.manager.fail_group(key, WatcherLeft(f"watcher {trigger_id} left: {how}"))
+
+    def give_up(self, error: BaseException, message: str) -> None:
+        """Stop for good because of ``error`` (the first one wins): log ``message`` once,
+        at ERROR, and shut down gracefully; :attr:`failure` tells the caller why."""
+        if self.failure is None:
+            self.failure = error
+            log.error("%s", message)
+            log.debug("giving up on", exc_info=error)
+        self.request_stop()
+
+    def request_stop(self) -> None:
+        """Begin a graceful shutdown (idempotent; safe from a signal handler)."""
+        if not self.stopping:
+            log.info(
+                "Stopping: finishing what is in flight (at most %.0fs)",
+                self.config.engine.shutdown_timeout,
+            )
+        self.stopping = True
+        self.stopped.set()
+
+    def _cohorts(self) -> list[_Cohort]:
+        by_key: dict[Hashable, list[WatcherTrigger]] = {}
+        for w in self.watchers:
+            by_key.setdefault(w.shared_stream_key(), []).append(w)
+        return [_Cohort(self, key, ws) for key, ws in by_key.items()]
+
+    def _open_state_backend(self) -> StateBackend:
+        # Opened even when no watcher has an asset: a long-running engine is where
+        # the task and asset stores' garbage is collected (state.gc_interval).
+        from ..stores import AssetStore, open_backend, set_default_backend
+
+        backend = open_backend(self.config.store.url, self.config.state)
+        self.state_backend = backend
+        set_default_backend(backend)
+        for w in self.watchers:
+            if w.asset:
+                w.asset_store = AssetStore(asset=w.asset, backend=backend, writer="watcher")
+        return backend
+
+    async def run(self) -> None:
+        """Run until :meth:`request_stop` or a signal; then shut down gracefully.
+
+        A stop requested before this is called (``acklane run`` forwards a signal that
+        came during its start-up) is honoured: it returns without starting anything.
+        """
+        if self.stopping:
+            log.info("Stopped before the pipeline started: nothing to finish")
+            return
+        loop = asyncio.get_running_loop()
+        self._main_task = asyncio.current_task()
+        installed: list[signal.Signals] = []
+        if self.handle_signals:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                with contextlib.suppress(NotImplementedError, RuntimeError):
+                    loop.add_signal_handler(sig, self._on_signal, sig)
+                    installed.append(sig)
+        try:
+            await self._run()
+        finally:
+            for sig in installed:
+                loop.remove_signal_handler(sig)
+
+    async def _run(self) -> None:
+        health = self.health
+        health.phase = "starting"
+        store = EventStore(
+            self.config.store.url,
+            on_confirmed=self.manager.confirm_persisted,
+            commit_interval=self.config.store.commit_interval_ms / 1000.0,
+        )
+        try:
+            await store.open()
+        except BaseException:
+            health.phase = "stopped"
+            raise
+        self._store = store
+        health.store = store
+        backend: StateBackend | None = None
+        try:
+            await self.poison.open(self.config.store.url)
+            backend = self._open_state_backend()
+            cohorts = self._cohorts()
+            for c in cohorts:
+                log.info(
+                    "Watching key=%s with %s", c.key_text, ", ".join(w.name for w in c.watchers)
+                )
+            async with asyncio.TaskGroup() as tg:
+                tasks = [
+                    tg.create_task(c.run(), name=f"acklane-cohort-{c.key_text}") for c in cohorts
+                ]
+                helpers = [
+                    tg.create_task(backend.run_gc_forever(), name="acklane-state-gc"),
+                    tg.create_task(self.poison.run_forever(), name="acklane-poison-writer"),
+                    *self._start_helpers(tg),
+                ]
+                health.phase = "running"
+                await self.stopped.wait()
+                health.phase = "stopping"
+                self.progress.sample()  # the live groups' counters, before they close
+                await self._shutdown(tasks)
+                for task in helpers:
+                    task.cancel()
+                for c in cohorts:
+                    c.status.set("stopped")
+            if self.config.engine.progress_interval > 0:
+                self.progress.report(self._cohort_state)  # the totals, once more at the end
+        finally:
+            health.phase = "stopped"
+            try:
+                # a forced stop (second signal) does not wait for the whole timeout
+                close_within = FORCED_CLOSE_TIMEOUT if self.forced_by else None
+                async with asyncio.timeout(close_within or self.config.engine.shutdown_timeout):
+                    await store.close()
+            except TimeoutError:
+                # unconfirmed records were never acked upstream: they will be redelivered
+                log.warning("The event store did not close in time; in-flight events dropped")
+            self._store = None
+            try:  # what the last moments counted, written
+                async with asyncio.timeout(self.config.engine.shutdown_timeout):
+                    await self.poison.close()
+            except Exception as exc:  # TimeoutError included: those counts are lost
+                log.warning("Closing the failed-attempt table failed: %s", _why(exc))
+            if backend is not None:
+                from ..stores import set_default_backend
+
+                set_default_backend(None)
+                await backend.aclose()
+
+    def _start_helpers(self, tg: asyncio.TaskGroup) -> list[asyncio.Task[None]]:
+        """The heartbeat (and store check), the progress lines and retention: tasks of
+        ``tg``, cancelled by :meth:`_run` once the cohorts have stopped."""
+        engine, store_settings = self.config.engine, self.config.store
+        tasks: list[asyncio.Task[None]] = [
+            tg.create_task(self.health.run_forever(on_beat=self._on_beat), name="acklane-health")
+        ]
+        if engine.progress_interval > 0:
+            tasks.append(
+                tg.create_task(
+                    self.progress.run_forever(engine.progress_interval, self._cohort_state),
+                    name="acklane-progress",
+                )
+            )
+        if store_settings.retention is not None:
+            tasks.append(
+                tg.create_task(
+                    self.store.run_retention_forever(
+                        store_settings.retention, store_settings.prune_interval
+                    ),
+                    name="acklane-retention",
+                )
+            )
+        return tasks
+
+    def _on_beat(self) -> None:
+        """Every heartbeat: each stream's broker problem (for /readyz), then the
+        progress counters."""
+        problems = {stream_key_text(k): p for k, p in self.manager.broker_problems().items()}
+        for status in list(self.health.cohorts.values()):
+            status.broker_problem = problems.get(status.key_text)
+        self.progress.sample()
+
+    def _cohort_state(self, key_text: str) -> str | None:
+        status = self.health.cohorts.get(key_text)
+        return None if status is None else status.state
+
+    def _on_signal(self, sig: signal.Signals = signal.SIGTERM) -> None:
+        if self.stopping:
+            log.warning("Second signal: stopping now; unadvanced messages will be redelivered")
+            self.forced_by = sig
+            for task in asyncio.all_tasks():
+                name = task.get_name()
+                # the event store's writer commits what it holds as the store closes
+                if name.startswith("acklane-") and name != "acklane-event-store-writer":
+                    task.cancel()
+            if self._main_task is not None:
+                self._main_task.cancel()  # the graceful stop itself: `acklane run` exits
+            return
+        self.request_stop()
+
+    async def _shutdown(self, cohort_tasks: list[asyncio.Task[None]]) -> None:
+        manager = self.manager
+        manager.stop_polling()
+        try:
+            async with asyncio.timeout(self.config.engine.shutdown_timeout):
+                while not manager.idle():  # noqa: ASYNC110 - idleness has no event to wait on
+                    await asyncio.sleep(0.01)
+                await self.store.flush()
+        except TimeoutError:
+            log.warning(
+                "Shutdown timeout (%.0fs): what is still in flight will be redelivered",
+                self.config.engine.shutdown_timeout,
+            )
+        except Exception:
+            log.exception("Draining the event store failed; unconfirmed events are redelivered")
+        try:
+            async with asyncio.timeout(self.config.engine.shutdown_timeout):
+                await manager.stop_all()
+        except TimeoutError:
+            log.warning("Producers did not close in time (stuck advance or aclose); cancelling")
+            await manager.abort_all()
+        for task in cohort_tasks:
+            task.cancel()

@@ -1,0 +1,320 @@
+"""Every pipeline of ``examples/`` works as its header says, against the emulator it starts.
+
+For each broker's example, the test runs the ``uv run acklane ...`` commands of
+the file's header, in order and as written (with this environment's ``acklane``
+instead of ``uv run acklane``, from the repository's root): ``emulator start``
+(kept running), ``publish`` of ``examples/orders.jsonl``, ``run`` until the
+trigger events of the four orders are stored and the poison order is in the
+dead-letter destination with acklane's reason (read back with the broker's SDK),
+then SIGTERM (exit 0), and ``events list``. The only change: the example's
+address variable (``KAFKA_BOOTSTRAP_SERVERS``...) points at a free port, which
+``emulator start --config`` listens on. The local backend unless
+``ACKLANE_EMULATOR_BACKEND=docker`` (then the variables the emulator prints).
+
+``examples/pipeline.yaml`` (the in-process memory broker) validates, runs until
+SIGTERM, and ``acklane publish`` to it fails with the reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from acklane.core.connectors.deadletter import REJECT_REASON
+from acklane.core.events import EventStore
+from acklane.core.observe.redact import MASK
+from acklane.integration.cli import example_environment
+from acklane.integration.emulator import BACKEND_ENV, free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+ACKLANE = [sys.executable, "-m", "acklane.core.cli"]
+BROKERS = ("kafka", "sqs", "pubsub", "servicebus")
+
+#: examples/orders.jsonl: four orders; big-orders fires on 2, rejects the 4th
+#: (a negative amount); online-orders and order-audit fire on all 4.
+EXPECTED_EVENTS = 10
+POISON_ID = 4
+
+
+def header_commands(example: Path) -> list[list[str]]:
+    """The ``uv run acklane ...`` commands of a file's comment header, as argument lists."""
+    text = "\n".join(
+        line.removeprefix("#").strip()
+        for line in example.read_text().splitlines()
+        if line.startswith("#")
+    ).replace("\\\n", " ")
+    return [shlex.split(m.group(1)) for m in re.finditer(r"uv run acklane (.+)", text)]
+
+
+def _backend() -> str:
+    return "docker" if os.environ.get(BACKEND_ENV, "").strip().lower() == "docker" else "local"
+
+
+def _address_environment(broker: str, port: int) -> dict[str, str]:
+    """The example's address variable, set to ``port`` on this machine."""
+    if broker == "kafka":
+        return {"KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{port}"}
+    if broker == "sqs":
+        return {"SQS_ENDPOINT_URL": f"http://127.0.0.1:{port}"}
+    if broker == "pubsub":
+        return {"PUBSUB_EMULATOR_HOST": f"127.0.0.1:{port}"}
+    from acklane.integration.servicebus import connection_string
+
+    return {"SERVICEBUS_CONNECTION_STRING": connection_string("127.0.0.1", port)}
+
+
+class Lines:
+    """A subprocess stream read by a thread, so waits can time out."""
+
+    def __init__(self, stream: Any) -> None:
+        self.lines: list[str] = []
+        self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self._thread.start()
+
+    def _read(self, stream: Any) -> None:
+        for line in stream:
+            self.lines.append(line)
+
+    def text(self) -> str:
+        return "".join(self.lines)
+
+    def wait_for(self, needle: str, proc: subprocess.Popen[str], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while needle not in self.text():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"{needle!r} never printed:\n{self.text()}")
+            time.sleep(0.05)
+
+
+def stop(proc: subprocess.Popen[str], timeout: float = 45) -> int:
+    """SIGTERM, and the exit code (killed after ``timeout``)."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+    return proc.returncode
+
+
+@pytest.fixture
+def background() -> Iterator[Callable[..., tuple[subprocess.Popen[str], Lines, Lines]]]:
+    """Start a process (stdout and stderr read by threads); SIGTERMed after the test."""
+    procs: list[subprocess.Popen[str]] = []
+
+    def start(
+        command: list[str], env: dict[str, str], cwd: Path = ROOT
+    ) -> tuple[subprocess.Popen[str], Lines, Lines]:
+        proc = subprocess.Popen(
+            command,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        procs.append(proc)
+        return proc, Lines(proc.stdout), Lines(proc.stderr)
+
+    yield start
+    for proc in procs:
+        stop(proc, timeout=20)
+
+
+def stored_events(db: Path) -> list[Any]:
+    async def read() -> list[Any]:
+        async with EventStore(f"sqlite:///{db}") as store:
+            return list(await store.list_events(limit=1000))
+
+    return asyncio.run(read()) if db.exists() else []
+
+
+# -- what each broker's dead-letter destination holds: (body, everything else as text)
+
+
+def _kafka_dead_letters(settings: dict[str, Any]) -> list[tuple[bytes, str]]:
+    from acklane.integration.kafka import KafkaKit
+
+    kit = KafkaKit(settings["bootstrap_servers"])
+    try:
+        records = kit.read("orders.dlq", 1, timeout=2)
+    finally:
+        kit.close()
+    return [(r.value(), repr(r.headers())) for r in records]
+
+
+def _sqs_dead_letters(settings: dict[str, Any]) -> list[tuple[bytes, str]]:
+    from acklane.integration.sqs import sqs_client
+
+    client = sqs_client(settings)
+    try:
+        url = client.get_queue_url(QueueName="orders-dlq")["QueueUrl"]
+        got = client.receive_message(
+            QueueUrl=url, MaxNumberOfMessages=10, MessageAttributeNames=["All"], WaitTimeSeconds=1
+        )
+    finally:
+        client.close()
+    return [
+        (m["Body"].encode(), json.dumps(m.get("MessageAttributes", {})))
+        for m in got.get("Messages", [])
+    ]
+
+
+def _pubsub_dead_letters(settings: dict[str, Any]) -> list[tuple[bytes, str]]:
+    from acklane.integration.pubsub import PubSubKit
+
+    async def pull() -> list[tuple[bytes, str]]:
+        async with PubSubKit(settings) as kit:
+            got = await kit.drain("orders-rejected-read", expect=1, within=2)
+            return [(r.message.data, json.dumps(dict(r.message.attributes))) for r in got]
+
+    return asyncio.run(pull())
+
+
+def _servicebus_dead_letters(settings: dict[str, Any]) -> list[tuple[bytes, str]]:
+    from acklane.integration.servicebus import ServiceBusKit
+
+    peeked = ServiceBusKit(settings["connection_string"]).peek_dead_letters("orders")
+    return [
+        (
+            b"".join(m.body),
+            f"{m.dead_letter_reason} {m.dead_letter_error_description} {m.application_properties}",
+        )
+        for m in peeked
+    ]
+
+
+DEAD_LETTERS: dict[str, Callable[[dict[str, Any]], list[tuple[bytes, str]]]] = {
+    "kafka": _kafka_dead_letters,
+    "sqs": _sqs_dead_letters,
+    "pubsub": _pubsub_dead_letters,
+    "servicebus": _servicebus_dead_letters,
+}
+
+
+def test_every_example_pipeline_has_its_test() -> None:
+    examples = {p.name for p in EXAMPLES.glob("*.yaml")}
+    assert examples == {f"{b}.yaml" for b in BROKERS} | {"pipeline.yaml"}
+
+
+@pytest.mark.parametrize("broker", BROKERS)
+def test_the_example_runs_as_its_header_says(
+    broker: str,
+    tmp_path: Path,
+    background: Callable[..., tuple[subprocess.Popen[str], Lines, Lines]],
+) -> None:
+    example = EXAMPLES / f"{broker}.yaml"
+    commands = header_commands(example)
+    assert [c[:2] for c in commands] == [
+        ["emulator", "start"],
+        ["publish", f"examples/{broker}.yaml"],
+        ["run", f"examples/{broker}.yaml"],
+        ["events", "list"],
+    ], commands
+    db = tmp_path / "events.db"
+    env = {
+        **os.environ,
+        "ACKLANE_STORE_URL": f"sqlite:///{db}",
+        "COLUMNS": "200",
+        **_address_environment(broker, free_port()),
+    }
+
+    # 1. the emulator, on the port the example's address variable names
+    start = [*commands[0], "--backend", _backend()]
+    emulator, out, err = background([*ACKLANE, *start], env)
+    err.wait_for("Ctrl-C to stop", emulator, timeout=120)
+    settings: dict[str, Any] = yaml.safe_load(out.text())
+    assert settings["connector"] == broker
+    # A value of the configuration's that is a secret (the Service Bus connection string)
+    # is masked in every output, this one included: the configuration has it already.
+    printed = {k: v for k, v in example_environment(broker, settings).items() if v != MASK}
+    if _backend() == "local":  # it listens where the configuration reaches
+        for name in _address_environment(broker, 0):
+            assert printed.get(name, env[name]) == env[name], out.text()
+    env.update(printed)
+    if settings.get("connection_string") == MASK:
+        settings["connection_string"] = env["SERVICEBUS_CONNECTION_STRING"]
+
+    # 2. publish the orders
+    published = subprocess.run(
+        [*ACKLANE, *commands[1]], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert published.returncode == 0, published.stdout + published.stderr
+    assert "published 4 message(s)" in published.stdout
+
+    # 3. run until the events are stored and the poison order is dead-lettered
+    runner, _, run_err = background([*ACKLANE, *commands[2]], env)
+    deadline = time.monotonic() + 120
+    dead: list[tuple[bytes, str]] = []
+    while True:
+        assert runner.poll() is None, f"acklane run exited early:\n{run_err.text()}"
+        assert time.monotonic() < deadline, (
+            f"{len(stored_events(db))} events, dead letters {dead}:\n{run_err.text()}"
+        )
+        if len(stored_events(db)) >= EXPECTED_EVENTS:
+            dead += DEAD_LETTERS[broker](settings)
+            if dead:
+                break
+        time.sleep(0.3)
+    assert stop(runner) == 0, run_err.text()
+    events = stored_events(db)
+    assert len(events) == EXPECTED_EVENTS
+    assert sorted(e.trigger_id for e in events).count("big-orders") == 2
+    [(body, rest)] = dead
+    assert json.loads(body)["id"] == POISON_ID
+    assert "reject rule matched: body.amount lt 0" in rest, rest
+    if broker != "servicebus":  # Service Bus keeps the reason in the message's own field
+        assert REJECT_REASON in rest
+
+    # 4. the events, as the header lists them
+    listed = subprocess.run(
+        [*ACKLANE, *commands[3], "--json"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert listed.returncode == 0, listed.stderr
+    assert len(listed.stdout.splitlines()) == EXPECTED_EVENTS
+
+
+def test_the_memory_example_runs_but_cannot_be_published_to(
+    tmp_path: Path, background: Callable[..., tuple[subprocess.Popen[str], Lines, Lines]]
+) -> None:
+    example = EXAMPLES / "pipeline.yaml"
+    assert [c[0] for c in header_commands(example)] == ["validate", "run"]
+    env = {**os.environ, "ACKLANE_STORE_URL": f"sqlite:///{tmp_path / 'events.db'}"}
+    for command in header_commands(example)[:1]:
+        done = subprocess.run([*ACKLANE, *command], cwd=ROOT, env=env, capture_output=True)
+        assert done.returncode == 0, done.stderr
+    refused = subprocess.run(
+        [*ACKLANE, "publish", "examples/pipeline.yaml", "orders", '{"id": 1}'],
+        cwd=ROOT,
+        env={**env, "COLUMNS": "300"},
+        capture_output=True,
+        text=True,
+    )
+    assert refused.returncode == 2
+    assert "lives inside the process that runs the" in refused.stderr
+    assert "examples/kafka.yaml" in refused.stderr
+    runner, _, err = background([*ACKLANE, *header_commands(example)[1]], env)
+    err.wait_for("Shared stream group started", runner, timeout=60)
+    assert stop(runner) == 0, err.text()
