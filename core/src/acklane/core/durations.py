@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Final
+from typing import Annotated, Final
 
-__all__ = ["format_duration", "parse_duration"]
+from pydantic import BeforeValidator
+
+__all__ = ["Duration", "format_duration", "parse_duration"]
 
 _UNITS: Final = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 _PATTERN: Final = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([smhdw]?)\s*$", re.IGNORECASE)
@@ -53,3 +55,8 @@ def _expected(value: object) -> str:
         f"expected a duration: seconds (a number >= 0) or a number with a unit s, m, h, "
         f"d or w such as '12h' or '7d', got {value!r}"
     )
+
+
+#: A duration field of a pydantic model: seconds, or a number with a unit ("90s",
+#: "15m", "12h", "7d", "2w").
+Duration = Annotated[float, BeforeValidator(parse_duration)]

@@ -24,9 +24,9 @@ fields, secret-like keys, URL passwords, ``${VAR}`` with secret-like names), and
 :class:`ConfigError` message holds one.
 """
 
+from ..names import NAME_PATTERN
 from ._errors import ConfigError, ConfigProblem, Loc, format_path
 from ._models import (
-    NAME_PATTERN,
     EngineSettings,
     MetricsSettings,
     StoreSettings,

@@ -11,8 +11,9 @@ from typing import Annotated, Any, Union
 from pydantic import BaseModel
 from pydantic_core import ErrorDetails
 
+from ..names import NAME_PATTERN
 from ._errors import Loc
-from ._models import _NAME_RULE, NAME_PATTERN
+from ._models import _NAME_RULE
 
 
 def _got(value: Any) -> str:

@@ -8,7 +8,6 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import (
     BaseModel,
-    BeforeValidator,
     ConfigDict,
     Field,
     ValidationInfo,
@@ -17,15 +16,14 @@ from pydantic import (
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
-from ..durations import parse_duration
+from ..durations import Duration
 from ..events import DEFAULT_RETENTION
+from ..names import NAME_PATTERN, NAME_RULE
 from ..observe.redact import redact_url
 from ..sql import DEFAULT_URL, unsupported_url
 
-#: Stream and watcher names (watcher names are trigger ids, stream names label metrics).
-NAME_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$"
 _NAME_RE: Final = re.compile(NAME_PATTERN)
-_NAME_RULE: Final = "letters, digits, '_', '.' and '-', starting with a letter or digit"
+_NAME_RULE: Final = NAME_RULE
 
 
 class _Settings(BaseModel):
@@ -60,10 +58,6 @@ class EngineSettings(_Settings):
                 f"must be at least restart_backoff_initial ({initial:g}), got {value:g}"
             )
         return value
-
-
-#: A duration: seconds, or a number with a unit ("90s", "15m", "12h", "7d", "2w").
-Duration = Annotated[float, BeforeValidator(parse_duration)]
 
 
 class StoreSettings(_Settings):

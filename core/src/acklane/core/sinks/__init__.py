@@ -1,0 +1,38 @@
+"""Sinks: stored trigger events delivered onward, at least once per sink, crash or not.
+
+A watcher with ``sinks: [name, ...]`` has each of its stored events delivered to
+every named sink: an Airflow asset event (``airflow``), an HTTP POST (``webhook``),
+a message on any configured broker (``broker``), or a Python callable
+(``function``). The event store is the outbox; the dispatcher delivers from it.
+See docs/sinks.md.
+"""
+
+from ._base import (
+    Delivery,
+    DeliveryError,
+    DeliveryResult,
+    RefusedDelivery,
+    RetryableDelivery,
+    Sink,
+    SinkContext,
+    SinkError,
+    event_id_for,
+)
+from ._registry import KINDS, UnknownSinkKind, sink_class
+from ._settings import SinkSettings
+
+__all__ = [
+    "KINDS",
+    "Delivery",
+    "DeliveryError",
+    "DeliveryResult",
+    "RefusedDelivery",
+    "RetryableDelivery",
+    "Sink",
+    "SinkContext",
+    "SinkError",
+    "SinkSettings",
+    "UnknownSinkKind",
+    "event_id_for",
+    "sink_class",
+]
