@@ -105,6 +105,8 @@ class WatcherSettings(_Settings):
     #: Checked as a :class:`~acklane.core.pipeline.filters.FilterSpec` on its own, so that its
     #: problems are reported along with the others of the watcher.
     filter: dict[str, Any] | None = None
+    #: Names of entries of ``sinks:`` that each stored event of this watcher is delivered to.
+    sinks: list[Annotated[str, Field(min_length=1)]] = Field(default_factory=list)
 
 
 _SECTIONS: Final[dict[str, type[_Settings]]] = {
@@ -112,4 +114,4 @@ _SECTIONS: Final[dict[str, type[_Settings]]] = {
     "store": StoreSettings,
     "metrics": MetricsSettings,
 }
-_TOP_LEVEL: Final = ("engine", "store", "state", "metrics", "streams", "watchers")
+_TOP_LEVEL: Final = ("engine", "store", "state", "metrics", "streams", "watchers", "sinks")

@@ -15,7 +15,8 @@ from pydantic_core import ErrorDetails
 from ..connectors import UnknownConnector, available_connectors, load_connector
 from ..observe.redact import redact, remember, secrets_in
 from ..pipeline.filters import FilterSpec, FilterSpecError, compile_filter
-from ..sql import offline_url_problem
+from ..sinks import Sink, SinkContext, SinkSettings, UnknownSinkKind, sink_class
+from ..sql import is_sqlite_memory, offline_url_problem
 from ..stores.settings import StateStoreSettings
 from ._errors import ConfigError, ConfigProblem, Loc
 from ._messages import _describe, _field_names, _got, _model_at
@@ -309,6 +310,15 @@ def parse_config(
 
     streams = _streams(reader, stream_blocks)
     watchers = _watchers(reader, watcher_entries, streams, known_streams=list(stream_blocks))
+    sinks = _sinks(reader, data)
+    _sink_references(reader, watcher_entries, sinks, streams, watchers, source)
+    store_settings = sections["store"]
+    if sinks and isinstance(store_settings, StoreSettings) and is_sqlite_memory(store_settings.url):
+        reader.problem(
+            ("store", "url"),
+            "sinks deliver from the event store, and an in-memory database dies with its "
+            "process: use a SQLite file or PostgreSQL",
+        )
     state = _state(reader, state_raw or {})
     if offline_checks:
         _offline_checks(reader, sections["store"], streams)
@@ -330,6 +340,7 @@ def parse_config(
         streams=streams,
         watchers=tuple(watchers),
         secrets=secrets,
+        sinks={name: entry.settings for name, entry in sinks.items()},
     )
 
 
@@ -557,9 +568,109 @@ def _watchers(
                     filter=None if settings.filter is None else spec.model_dump(exclude_none=True),
                     compiled_filter=compiled,
                     line=reader.line_of(loc),
+                    sinks=tuple(dict.fromkeys(settings.sinks)),
                 )
             )
     return watchers
+
+
+class _SinkEntry(NamedTuple):
+    position: int
+    settings: SinkSettings
+    kind: type[Sink]
+
+
+def _sinks(reader: _Reader, data: Mapping[str, Any]) -> dict[str, _SinkEntry]:
+    """``sinks:``: each entry validated against its kind's settings model."""
+    raw = data.get("sinks")
+    if raw is None:
+        return {}
+    if not isinstance(raw, list):
+        reader.problem(("sinks",), f"expected a list of sinks, got {_got(raw)}")
+        return {}
+    sinks: dict[str, _SinkEntry] = {}
+    for index, item in enumerate(raw):
+        loc: Loc = ("sinks", index)
+        if not isinstance(item, dict):
+            reader.problem(
+                loc, f"expected a mapping (name, kind, and its fields), got {_got(item)}"
+            )
+            continue
+        kind = item.get("kind")
+        if not isinstance(kind, str):
+            reader.problem(
+                (*loc, "kind"),
+                "required field is missing"
+                if kind is None
+                else f"expected a string, got {_got(kind)}",
+            )
+            continue
+        try:
+            cls = sink_class(kind)
+        except UnknownSinkKind as exc:
+            reader.problem((*loc, "kind"), str(exc))
+            continue
+        except Exception as exc:  # the kind's module failed to import: say so, go on
+            reader.problem(
+                (*loc, "kind"),
+                f"sink kind {kind!r} could not be loaded: {type(exc).__name__}: {exc}",
+            )
+            continue
+        model = cls.settings_model
+        reader.secrets.update(
+            str(item[field]) for field in _secret_fields(model) if isinstance(item.get(field), str)
+        )
+        try:
+            settings = model.model_validate(item)
+        except ValidationError as exc:
+            _report(reader, exc, model, loc)
+            continue
+        twin = sinks.get(settings.name)
+        if twin is not None:
+            reader.problem(
+                (*loc, "name"),
+                f"duplicate sink name {settings.name!r} (first at line "
+                f"{reader.line_of(('sinks', twin.position, 'name'))})",
+            )
+            continue
+        sinks[settings.name] = _SinkEntry(index, settings, cls)
+    return sinks
+
+
+def _sink_references(
+    reader: _Reader,
+    entries: Sequence[_WatcherEntry],
+    sinks: Mapping[str, _SinkEntry],
+    streams: Mapping[str, StreamConfig],
+    watchers: Sequence[WatcherConfig],
+    source: str,
+) -> None:
+    """Each watcher names known sinks; each sink's own checks against the rest of the file."""
+    names = list(sinks)
+    for index, _raw, settings in entries:
+        if settings is None:
+            continue
+        for position, name in enumerate(settings.sinks):
+            if name not in sinks:
+                hint = difflib.get_close_matches(name, names, n=1)
+                also = f"did you mean {hint[0]!r}? " if hint else ""
+                reader.problem(
+                    ("watchers", index, "sinks", position),
+                    f"unknown sink {name!r}; {also}known sinks: {', '.join(names) or 'none'}",
+                )
+    folder = Path(source).parent if source and not source.startswith("<") else None
+    for name, entry in sinks.items():
+        context = SinkContext(
+            streams=streams,
+            watcher_assets={w.name: w.asset for w in watchers if name in w.sinks},
+            config_dir=folder,
+        )
+        try:
+            found = entry.kind.config_problems(entry.settings, context)
+        except Exception as exc:  # a sink kind's bug must not hide the other problems
+            found = [("", f"sink {name!r}: checking it failed: {type(exc).__name__}: {exc}")]
+        for field, message in found:
+            reader.problem(("sinks", entry.position, *(field.split(".") if field else ())), message)
 
 
 def _filter_spec(reader: _Reader, raw: Any, loc: Loc) -> FilterSpec | None:

@@ -10,6 +10,7 @@ from pydantic import BaseModel
 
 from ..connectors import Connector
 from ..pipeline.filters import CompiledFilter
+from ..sinks import SinkSettings
 from ..stores.settings import StateStoreSettings
 from ._models import EngineSettings, MetricsSettings, StoreSettings
 
@@ -47,6 +48,8 @@ class WatcherConfig:
     filter: dict[str, Any] | None
     compiled_filter: CompiledFilter
     line: int | None = None
+    #: The sinks each stored event of this watcher is delivered to (names in ``sinks``).
+    sinks: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,12 +65,18 @@ class AcklaneConfig:
     watchers: tuple[WatcherConfig, ...]
     #: The secret values of the file (acklane.core.observe.redact's rule), masked in all output.
     secrets: frozenset[str] = field(default=frozenset(), repr=False)
+    #: ``sinks:`` by name, in the file's order (each its kind's settings model).
+    sinks: Mapping[str, SinkSettings] = field(default_factory=dict)
 
     def watcher(self, name: str) -> WatcherConfig:
         for w in self.watchers:
             if w.name == name:
                 return w
         raise KeyError(f"no watcher named {name!r} in {self.source}")
+
+    def sink_watchers(self, sink: str) -> tuple[str, ...]:
+        """The watchers whose events go to ``sink``, in the file's order."""
+        return tuple(w.name for w in self.watchers if sink in w.sinks)
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,15 @@ from ._retention import (
     cutoff_for,
     prune_older_than,
 )
-from ._schema import TABLE_NAME, events_table, metadata
+from ._schema import (
+    SINK_DELIVERIES_TABLE,
+    SINK_STATE_TABLE,
+    TABLE_NAME,
+    events_table,
+    metadata,
+    sink_deliveries_table,
+    sink_state_table,
+)
 from ._store import (
     BeforeCommitHook,
     ConfirmCallback,
@@ -35,6 +43,8 @@ __all__ = [
     "DEFAULT_PRUNE_BATCH",
     "DEFAULT_RETENTION",
     "DEFAULT_URL",
+    "SINK_DELIVERIES_TABLE",
+    "SINK_STATE_TABLE",
     "TABLE_NAME",
     "BeforeCommitHook",
     "ConfirmCallback",
@@ -50,6 +60,8 @@ __all__ = [
     "events_table",
     "metadata",
     "prune_older_than",
+    "sink_deliveries_table",
+    "sink_state_table",
     "storable_stream_key",
     "why_unavailable",
 ]

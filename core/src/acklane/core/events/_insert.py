@@ -35,12 +35,16 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from ._model import EncodedRow
 from ._schema import INSERT_COLUMNS, dedupe_conflict_clause, events_table
 
-__all__ = ["BatchInsert", "batch_insert_for"]
+__all__ = ["COMMIT_ORDER_LOCK", "BatchInsert", "batch_insert_for"]
 
 _WIDTH = len(INSERT_COLUMNS)
 # SQLITE_MAX_VARIABLE_NUMBER: 32766 since SQLite 3.32, 999 before.
 _SQLITE_MAX_PARAMS = 32766 if sqlite3.sqlite_version_info >= (3, 32) else 999
 _STAGE_TABLE = "acklane_trigger_events_stage"
+#: The transaction-level advisory lock that orders the event writers of one PostgreSQL
+#: database (the value is arbitrary: "acklord").
+COMMIT_ORDER_LOCK = 0x61636B6C6F7264
+_COMMIT_ORDER = "SELECT pg_advisory_xact_lock(%(key)s)"
 
 
 class BatchInsert(Protocol):
@@ -129,5 +133,9 @@ class _PostgresCopyInsert:
         async with raw.cursor() as cursor, cursor.copy(self._copy) as copy:
             for row in rows:
                 await copy.write_row(row)
+        # New ids are taken and committed in one order across every process writing to
+        # the database (the lock is held until this transaction ends), so that a sink's
+        # cursor, which moves past ids it has seen, never passes an id still uncommitted.
+        await conn.exec_driver_sql(_COMMIT_ORDER, {"key": COMMIT_ORDER_LOCK})
         result = await conn.exec_driver_sql(self._insert, (created_at,))
         return result.rowcount

@@ -8,15 +8,16 @@ write lock) waits at most one batch.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager, nullcontext
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Select, delete, func, select
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy import ColumnElement, Select, and_, delete, exists, func, not_, or_, select
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from ._schema import events_table
+from ._schema import events_table, sink_deliveries_table, sink_state_table
 
 __all__ = [
     "DEFAULT_PRUNE_BATCH",
@@ -51,6 +52,30 @@ def _older(engine: AsyncEngine, cutoff: datetime) -> Any:
     return events_table.c.created_at < _bound(engine, cutoff)
 
 
+async def _prunable(conn: AsyncConnection, engine: AsyncEngine, cutoff: datetime) -> Any:
+    """Older than ``cutoff`` and held by no sink: an event a sink has not yet delivered
+    (beyond its cursor), or still retries or keeps parked, is never pruned.
+
+    The sinks' cursors are read in the same transaction; a cursor only moves forward,
+    so one read a moment old holds back more, never less.
+    """
+    t = events_table.c
+    condition: ColumnElement[bool] = _older(engine, cutoff)
+    sinks = (
+        await conn.execute(select(sink_state_table.c.watchers, sink_state_table.c.cursor))
+    ).all()
+    ahead = [
+        and_(t.trigger_id.in_(json.loads(watchers)), t.id > cursor)
+        for watchers, cursor in sinks
+        if json.loads(watchers)
+    ]
+    if ahead:
+        condition = and_(condition, not_(or_(*ahead)))
+        d = sink_deliveries_table.c
+        condition = and_(condition, not_(exists().where(d.event_id == t.id)))
+    return condition
+
+
 async def count_older_than(
     engine: AsyncEngine,
     cutoff: datetime,
@@ -58,9 +83,9 @@ async def count_older_than(
     serialize: Callable[[], AbstractAsyncContextManager[object]] | None = None,
 ) -> int:
     """How many events were created before ``cutoff``."""
-    stmt: Select[Any] = select(func.count()).select_from(events_table)
-    stmt = stmt.where(_older(engine, cutoff))
     async with serialize() if serialize is not None else nullcontext(), engine.connect() as conn:
+        stmt: Select[Any] = select(func.count()).select_from(events_table)
+        stmt = stmt.where(await _prunable(conn, engine, cutoff))
         return int((await conn.execute(stmt)).scalar() or 0)
 
 
@@ -80,14 +105,15 @@ async def prune_older_than(
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, not {batch_size}")
-    ids = select(events_table.c.id).where(_older(engine, cutoff)).limit(batch_size)
-    stmt = delete(events_table).where(events_table.c.id.in_(ids))
     total = 0
     while True:
         async with (
             serialize() if serialize is not None else nullcontext(),
             engine.begin() as conn,
         ):
+            where = await _prunable(conn, engine, cutoff)
+            ids = select(events_table.c.id).where(where).limit(batch_size)
+            stmt = delete(events_table).where(events_table.c.id.in_(ids))
             deleted = (await conn.execute(stmt)).rowcount
         total += deleted
         if deleted and on_batch is not None:

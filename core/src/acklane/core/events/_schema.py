@@ -33,6 +33,8 @@ __all__ = [
     "CREATED_AT_INDEX",
     "DEDUPE_INDEX",
     "INSERT_COLUMNS",
+    "SINK_DELIVERIES_TABLE",
+    "SINK_STATE_TABLE",
     "TABLE_NAME",
     "count_statement",
     "create_tables",
@@ -42,6 +44,8 @@ __all__ = [
     "metadata",
     "row_to_event",
     "select_statement",
+    "sink_deliveries_table",
+    "sink_state_table",
 ]
 
 log = logging.getLogger("acklane.core.events")
@@ -83,6 +87,55 @@ DEDUPE_INDEX = Index(
 Index(f"{TABLE_NAME}_trigger", events_table.c.trigger_id, events_table.c.id)
 #: For retention: pruning finds the rows older than a cutoff through it.
 CREATED_AT_INDEX = Index(f"{TABLE_NAME}_created_at", events_table.c.created_at)
+
+# -- the outbox: where each sink stands (acklane.core.sinks delivers from the table above) --
+
+SINK_STATE_TABLE = "acklane_sink_state"
+SINK_DELIVERIES_TABLE = "acklane_sink_deliveries"
+
+#: One row per sink. Every event of the sink's watchers with ``id <= cursor`` is
+#: settled for it: delivered, or held by a row of ``sink_deliveries`` (retrying or
+#: parked). The owner holds the sink's lease until ``lease_until``; only the owner
+#: delivers and moves the cursor. ``claimed_to`` is the highest id the owner may have
+#: sent beyond the cursor: after a crash, the events between the two are the ones an
+#: exactly-once sink looks up before sending them again.
+sink_state_table = Table(
+    SINK_STATE_TABLE,
+    metadata,
+    Column("sink", Text(), primary_key=True),
+    #: JSON list of the watchers whose events the sink takes (what retention reads).
+    Column("watchers", Text(), nullable=False),
+    Column("cursor", BigInteger(), nullable=False),
+    Column("claimed_to", BigInteger(), nullable=False),
+    Column("delivered", BigInteger(), nullable=False),
+    Column("owner", Text(), nullable=True),
+    Column("lease_until", DateTime(timezone=True), nullable=True),
+    Column("updated_at", DateTime(timezone=True), nullable=False),
+)
+
+#: The exceptions to a sink's cursor: events retrying (``state = 'retry'``) or parked
+#: (``'parked'``) for that sink, with their attempts and last error. A delivered
+#: event has no row.
+sink_deliveries_table = Table(
+    SINK_DELIVERIES_TABLE,
+    metadata,
+    Column("sink", Text(), primary_key=True),
+    Column("event_id", BigInteger(), primary_key=True),
+    Column("state", Text(), nullable=False),
+    Column("attempts", Integer(), nullable=False),
+    Column("next_attempt_at", DateTime(timezone=True), nullable=True),
+    Column("last_error", Text(), nullable=True),
+    #: 1 when an attempt may have got through (a timeout, a crash): an exactly-once
+    #: sink looks the event up before sending it again.
+    Column("unsure", Integer(), nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False),
+)
+Index(
+    f"{SINK_DELIVERIES_TABLE}_due",
+    sink_deliveries_table.c.sink,
+    sink_deliveries_table.c.state,
+    sink_deliveries_table.c.next_attempt_at,
+)
 
 #: Dedupe indexes of earlier versions, dropped when a store opens the table. The
 #: first one, on (trigger_id, message_id, position), took a message from another

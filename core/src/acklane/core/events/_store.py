@@ -27,7 +27,13 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from ..durations import format_duration
 from ..errors import AcklaneError
 from ..observe.redact import redact_url
-from ..sql import DEFAULT_URL, async_engine, sqlite_path_problem, unsupported_url
+from ..sql import (
+    DEFAULT_URL,
+    async_engine,
+    is_sqlite_memory,
+    sqlite_path_problem,
+    unsupported_url,
+)
 from ._insert import BatchInsert, batch_insert_for
 from ._model import EncodedRow, EventRecord, StoredEvent, encode_record
 from ._reader import EventReader
@@ -110,12 +116,18 @@ class EventStore:
         #: Test hook (failure injection): awaited in each write transaction after
         #: the INSERT and before COMMIT; raising makes the transaction fail.
         self.before_commit: BeforeCommitHook | None = None
+        #: PostgreSQL: ``NOTIFY`` this channel in each transaction that stored new rows,
+        #: so that sink dispatchers in other processes wake at once (set by the runner
+        #: when sinks are configured).
+        self.notify_channel: str | None = None
+        self._commit_listeners: list[Callable[[], None]] = []
         self._on_confirmed = on_confirmed
         self._commit_interval = commit_interval
         self._max_batch = max_batch
         self._max_pending = max_pending
         self._state: _State = "new"
         self._engine: AsyncEngine | None = None
+        self._pg = False
         self._reader: EventReader | None = None
         self._insert: BatchInsert | None = None
         # One in-memory SQLite database lives on one shared connection: writer and
@@ -172,9 +184,10 @@ class EventStore:
         except BaseException:
             await engine.dispose()
             raise
-        if _is_sqlite_memory(self.url):
+        if is_sqlite_memory(self.url):
             self._serialize = asyncio.Lock()
         self._engine = engine
+        self._pg = engine.dialect.name == "postgresql"
         self._reader = EventReader(engine, self._serialize)
         self._state = "open"
         self._writer = asyncio.create_task(self._write_loop(), name="acklane-event-store-writer")
@@ -273,6 +286,11 @@ class EventStore:
         if size >= self._max_batch:
             self._batch_full.set()
 
+    def add_commit_listener(self, listener: Callable[[], None]) -> None:
+        """Call ``listener()`` on the event loop after each commit that stored new rows
+        (a sink dispatcher wakes on it). It must not raise or block."""
+        self._commit_listeners.append(listener)
+
     @property
     def pending(self) -> int:
         """Records put and not yet committed (queued or in the transaction in flight)."""
@@ -326,6 +344,8 @@ class EventStore:
             try:
                 async with self._turn(), self._engine.connect() as conn, conn.begin():
                     inserted = await self._insert(conn, rows, created_at)
+                    if self.notify_channel is not None and inserted != 0 and self._pg:
+                        await conn.exec_driver_sql(f"NOTIFY {self.notify_channel}")
                     if self.before_commit is not None:
                         await self.before_commit(conn)
                 self._write_problem = None
@@ -365,6 +385,9 @@ class EventStore:
             stats.duplicates += size - inserted
         stats.largest_batch = max(stats.largest_batch, size)
         self._done += size
+        if inserted != 0:
+            for listener in self._commit_listeners:
+                listener()
         if self._on_confirmed is not None:
             seqs = [seq for _, seq in batch if seq is not None]
             if seqs:
@@ -613,7 +636,7 @@ def why_unavailable(url: str, exc: BaseException) -> str:
 def _sqlite_file(url: str) -> str | None:
     """The database file of a SQLite URL (not an in-memory one), else None."""
     u = make_url(url)
-    if u.get_backend_name() == "sqlite" and u.database and not _is_sqlite_memory(url):
+    if u.get_backend_name() == "sqlite" and u.database and not is_sqlite_memory(url):
         return u.database
     return None
 
@@ -633,10 +656,3 @@ def display_url(url: str) -> str:
     except Exception:
         return "<invalid URL>"
     return redact_url(rendered)
-
-
-def _is_sqlite_memory(url: str) -> bool:
-    u = make_url(url)
-    if u.get_backend_name() != "sqlite":
-        return False
-    return u.database in (None, "", ":memory:") or u.query.get("mode") == "memory"

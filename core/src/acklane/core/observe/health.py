@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, NoReturn
 
 if TYPE_CHECKING:
     from ..events import EventStore
+    from ..sinks import Dispatcher
 
 __all__ = [
     "HEARTBEAT_INTERVAL",
@@ -84,6 +85,8 @@ class Health:
         self.heartbeat: float | None = None
         self.cohorts: dict[str, CohortStatus] = {}
         self.store: EventStore | None = None
+        #: The sinks' dispatcher, when the pipeline has sinks.
+        self.sinks: Dispatcher | None = None
 
     def beat(self) -> None:
         self.heartbeat = self._clock()
@@ -129,12 +132,25 @@ class Health:
         store_problem = "the event store is not open" if store is None else store.problem
         if store_problem is not None:
             problems.append(f"store: {store_problem}")
+        sinks: dict[str, dict[str, Any]] = {}
+        if self.sinks is not None:
+            for stats in self.sinks.stats():
+                entry = {"ok": stats.problem is None, "delivering": stats.holding}
+                seen = stats.status
+                if seen is not None:
+                    entry |= {"lag": seen.lag, "parked": seen.parked}
+                if stats.problem is not None:
+                    entry["problem"] = stats.problem
+                    problems.append(f"sink {stats.sink}: {stats.problem}")
+                sinks[stats.sink] = entry
         body: dict[str, Any] = {
             "status": "ready" if not problems else "not ready",
             "streams": streams,
             "store": {"ok": store_problem is None}
             | ({} if store_problem is None else {"problem": store_problem}),
         }
+        if sinks:
+            body["sinks"] = sinks
         if problems:
             body["problems"] = problems
         return not problems, body

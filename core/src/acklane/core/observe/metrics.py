@@ -12,12 +12,17 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable, Hashable, Iterable, Iterator
+from datetime import UTC, datetime
 from socketserver import ThreadingMixIn
 from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import make_wsgi_app
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
 from prometheus_client.registry import REGISTRY, Collector, CollectorRegistry
 
 if TYPE_CHECKING:
@@ -96,6 +101,7 @@ class EngineCollector(Collector):
         yield from (broadcast, outcomes, batches, advanced, seconds, unclaimed, heads, depth)
         yield actions
         yield from _poison_metrics(self.runner)
+        yield from _sink_metrics(self.runner)
         store = self.runner._store
         if store is not None:
             persisted = CounterMetricFamily(
@@ -130,6 +136,64 @@ def _poison_metrics(runner: Runner) -> Iterator[Metric]:
         failures.add_metric([book.key_text], book.failures)
         poisoned.add_metric([book.key_text], book.poisoned)
     yield from (restarts, failures, poisoned)
+
+
+def _sink_metrics(runner: Runner) -> Iterator[Metric]:
+    """Per sink: deliveries by outcome, lag, the oldest pending event's age, parked events,
+    whether this process delivers it, and the stored -> delivered latency."""
+    dispatcher = runner.sinks
+    if dispatcher is None:
+        return
+    from ..sinks import LATENCY_BUCKETS
+
+    deliveries = CounterMetricFamily(
+        "acklane_sink_deliveries",
+        "Delivery attempts by outcome (delivered, retried, parked, found: already there)",
+        labels=["sink", "outcome"],
+    )
+    lag = GaugeMetricFamily(
+        "acklane_sink_lag_events",
+        "Stored events not yet delivered nor parked (pending, in flight, retrying)",
+        labels=["sink"],
+    )
+    oldest = GaugeMetricFamily(
+        "acklane_sink_oldest_pending_seconds",
+        "Age of the oldest event not yet delivered nor parked (0 when none)",
+        labels=["sink"],
+    )
+    parked = GaugeMetricFamily(
+        "acklane_sink_parked_events", "Events parked for the sink", labels=["sink"]
+    )
+    holding = GaugeMetricFamily(
+        "acklane_sink_delivering",
+        "1 when this process holds the sink's lease (it delivers), else 0",
+        labels=["sink"],
+    )
+    latency = HistogramMetricFamily(
+        "acklane_sink_delivery_latency_seconds",
+        "From an event's commit in the store to its delivery",
+        labels=["sink"],
+    )
+    now = datetime.now(UTC)
+    for s in dispatcher.stats():
+        deliveries.add_metric([s.sink, "delivered"], s.delivered)
+        deliveries.add_metric([s.sink, "retried"], s.retried)
+        deliveries.add_metric([s.sink, "parked"], s.parked)
+        deliveries.add_metric([s.sink, "found"], s.found_delivered)
+        holding.add_metric([s.sink], 1.0 if s.holding else 0.0)
+        status = s.status
+        if status is not None:
+            lag.add_metric([s.sink], status.lag)
+            parked.add_metric([s.sink], status.parked)
+            first = status.oldest_pending_at
+            oldest.add_metric([s.sink], 0.0 if first is None else (now - first).total_seconds())
+        cumulative, buckets = 0, []
+        for bound, n in zip(LATENCY_BUCKETS, list(s.latency_buckets), strict=True):
+            cumulative += n
+            buckets.append((repr(bound), cumulative))
+        buckets.append(("+Inf", s.latency_count))
+        latency.add_metric([s.sink], buckets, s.latency_sum)
+    yield from (deliveries, lag, oldest, parked, holding, latency)
 
 
 _WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]

@@ -35,9 +35,13 @@ from ..manager import CONSUMER_CLOSED, FILTER_RETURNED, SharedStreamManager
 from ..observe.health import CohortStatus, Health
 from ..observe.progress import Progress
 from ..producer import AdvanceItem
+from ..sinks import Dispatcher, build_sinks
 from ..trigger import SharedStreamError, TriggerEvent, reject_shared_stream_event
 from .poison import Failure, PoisonPolicy, max_attempts_of
 from .watcher import WatcherTrigger, build_watchers
+
+#: The PostgreSQL channel event writers NOTIFY and sink dispatchers LISTEN on.
+SINK_CHANNEL = "acklane_events"
 
 if TYPE_CHECKING:
     from ..config import AcklaneConfig
@@ -327,6 +331,8 @@ class Runner:
             poison_policy=self.poison,
         )
         self._store: EventStore | None = None
+        #: The sinks' dispatcher while the pipeline runs and has sinks (metrics read it).
+        self.sinks: Dispatcher | None = None
         self.state_backend: StateBackend | None = None
         self.watchers = build_watchers(config)
         #: What /healthz and /readyz read (acklane.core.observe.metrics serves them).
@@ -451,7 +457,9 @@ class Runner:
         self._store = store
         health.store = store
         backend: StateBackend | None = None
+        dispatcher: Dispatcher | None = None
         try:
+            dispatcher = await self._start_sinks(store)
             await self.poison.open(self.config.store.url)
             backend = self._open_state_backend()
             cohorts = self._cohorts()
@@ -473,6 +481,8 @@ class Runner:
                 health.phase = "stopping"
                 self.progress.sample()  # the live groups' counters, before they close
                 await self._shutdown(tasks)
+                if dispatcher is not None:  # after the last events are stored
+                    await dispatcher.aclose()
                 for task in helpers:
                     task.cancel()
                 for c in cohorts:
@@ -481,6 +491,8 @@ class Runner:
                 self.progress.report(self._cohort_state)  # the totals, once more at the end
         finally:
             health.phase = "stopped"
+            if dispatcher is not None:
+                await dispatcher.aclose()  # idempotent; here when the run failed
             try:
                 # a forced stop (second signal) does not wait for the whole timeout
                 close_within = FORCED_CLOSE_TIMEOUT if self.forced_by else None
@@ -500,6 +512,29 @@ class Runner:
 
                 set_default_backend(None)
                 await backend.aclose()
+
+    async def _start_sinks(self, store: EventStore) -> Dispatcher | None:
+        """The sinks' dispatcher, woken by each commit of new events (and, on PostgreSQL,
+        by the commits of other processes), when some watcher has sinks."""
+        sinks = build_sinks(self.config)
+        if not sinks:
+            return None
+        dispatcher = Dispatcher(
+            self.config.store.url,
+            sinks,
+            shutdown_timeout=self.config.engine.shutdown_timeout,
+            notify_channel=SINK_CHANNEL,
+        )
+        store.notify_channel = SINK_CHANNEL
+        store.add_commit_listener(dispatcher.wake)
+        await dispatcher.start()
+        self.health.sinks = dispatcher
+        self.sinks = dispatcher
+        for sink, watchers in sinks:
+            log.info(
+                "Sink %s (%s) delivers the events of %s", sink.name, sink.kind, ", ".join(watchers)
+            )
+        return dispatcher
 
     def _start_helpers(self, tg: asyncio.TaskGroup) -> list[asyncio.Task[None]]:
         """The heartbeat (and store check), the progress lines and retention: tasks of

@@ -18,21 +18,27 @@ from ._base import (
     SinkError,
     event_id_for,
 )
-from ._registry import KINDS, UnknownSinkKind, sink_class
+from ._dispatcher import LATENCY_BUCKETS, Dispatcher, SinkStats, worker_owner
+from ._registry import KINDS, UnknownSinkKind, build_sinks, sink_class
 from ._settings import SinkSettings
 
 __all__ = [
     "KINDS",
+    "LATENCY_BUCKETS",
     "Delivery",
     "DeliveryError",
     "DeliveryResult",
+    "Dispatcher",
     "RefusedDelivery",
     "RetryableDelivery",
     "Sink",
     "SinkContext",
     "SinkError",
     "SinkSettings",
+    "SinkStats",
     "UnknownSinkKind",
+    "build_sinks",
     "event_id_for",
     "sink_class",
+    "worker_owner",
 ]

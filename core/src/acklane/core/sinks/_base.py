@@ -170,6 +170,14 @@ class Sink(ABC):
         """Where events go, secret-free, for logs and ``sinks status``."""
         return self.kind
 
+    @classmethod
+    def config_problems(cls, settings: SinkSettings, context: SinkContext) -> list[tuple[str, str]]:
+        """Problems the configuration loader reports for this sink, as (field, message),
+        found without the network (a stream that does not exist, a watcher without an
+        asset, a function that does not import). ``context`` holds the watchers that
+        name this sink only."""
+        return []
+
     async def open(self) -> None:
         """Build clients; raise :class:`SinkError` when the settings cannot work."""
         return None

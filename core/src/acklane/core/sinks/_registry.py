@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
+    from ..config import AcklaneConfig
     from ._base import Sink
 
-__all__ = ["KINDS", "UnknownSinkKind", "sink_class"]
+__all__ = ["KINDS", "UnknownSinkKind", "build_sinks", "sink_class"]
 
 #: kind -> "module:Class" of its :class:`~acklane.core.sinks.Sink` subclass.
 KINDS: Final[dict[str, str]] = {
@@ -33,3 +35,24 @@ def sink_class(kind: str) -> type[Sink]:
     module, _, name = target.partition(":")
     cls: type[Sink] = getattr(importlib.import_module(module), name)
     return cls
+
+
+def build_sinks(config: AcklaneConfig) -> list[tuple[Sink, tuple[str, ...]]]:
+    """The configuration's sinks that some watcher names, each with those watchers (a
+    sink no watcher names delivers nothing and is left out)."""
+    from ._base import SinkContext
+
+    source = config.source
+    folder = Path(source).parent if source and not source.startswith("<") else None
+    built: list[tuple[Sink, tuple[str, ...]]] = []
+    for name, settings in config.sinks.items():
+        watchers = config.sink_watchers(name)
+        if not watchers:
+            continue
+        context = SinkContext(
+            streams=config.streams,
+            watcher_assets={w.name: w.asset for w in config.watchers if name in w.sinks},
+            config_dir=folder,
+        )
+        built.append((sink_class(settings.kind)(settings, context), watchers))
+    return built

@@ -7,7 +7,7 @@ here.
 
 from __future__ import annotations
 
-from typing import Annotated, Self
+from typing import Annotated, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -38,6 +38,9 @@ class SinkSettings(BaseModel):
     #: Capped exponential backoff between attempts, with full jitter.
     backoff_initial: Annotated[Duration, Field(gt=0)] = 1.0
     backoff_max: Annotated[Duration, Field(gt=0)] = 300.0
+    #: Where a sink new to the store begins: every stored event of its watchers
+    #: (``all``), or only those stored from now on (``new``).
+    start: Literal["all", "new"] = "all"
 
     @model_validator(mode="after")
     def _policy(self) -> Self:
