@@ -322,11 +322,13 @@ async def test_retention_keeps_what_a_sink_has_not_delivered(db_url: str) -> Non
 
 async def test_two_processes_share_a_sink_without_delivering_an_event_twice(pg_url: str) -> None:
     a, b = Recording(), Recording()
-    async with running(pg_url, a, lease_ttl=1.0) as (store, _):
-        async with running(pg_url, b, lease_ttl=1.0):
-            await put(store, range(50))
-            await eventually(lambda: len(a.delivered) + len(b.delivered) == 50, timeout=30)
-            await asyncio.sleep(0.3)
+    async with (
+        running(pg_url, a, lease_ttl=1.0) as (store, _),
+        running(pg_url, b, lease_ttl=1.0),
+    ):
+        await put(store, range(50))
+        await eventually(lambda: len(a.delivered) + len(b.delivered) == 50, timeout=30)
+        await asyncio.sleep(0.3)
     ids = [d.event_id for d in a.delivered + b.delivered]
     assert len(ids) == len(set(ids)) == 50
 
