@@ -25,8 +25,7 @@ from acklane.core.sinks import (
     RetryableDelivery,
     Sink,
     SinkSettings,
-)
-from acklane.core.sinks._outbox import (
+    event_id_for,
     parked_events,
     replay_events,
     retry_parked,
@@ -366,8 +365,6 @@ async def test_an_exactly_once_sink_looks_up_what_a_crash_left_unsure(sqlite_url
             )
         async with EventStore(sqlite_url) as store:
             events = await store.list_events()
-        from acklane.core.sinks import event_id_for
-
         sink.have = {
             event_id_for(
                 watcher=e.trigger_id,

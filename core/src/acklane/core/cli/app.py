@@ -516,9 +516,13 @@ def demo(
 def _add_subcommands() -> None:
     from .events import app as events_app
     from .publish import publish as publish_command
+    from .sinks import app as sinks_app
+    from .sinks import replay
     from .store import app as store_app
 
+    events_app.command("replay")(replay)
     app.add_typer(events_app, name="events", help="See the trigger events that fired.")
+    app.add_typer(sinks_app, name="sinks", help="See and steer the delivery to sinks.")
     app.add_typer(store_app, name="store", help="Read and write the task and asset stores.")
     app.command("publish")(publish_command)
     # Other distributions add theirs (acklane-integration: `acklane emulator`).

@@ -19,6 +19,14 @@ from ._base import (
     event_id_for,
 )
 from ._dispatcher import LATENCY_BUCKETS, Dispatcher, SinkStats, worker_owner
+from ._outbox import (
+    ParkedEvent,
+    SinkStatus,
+    parked_events,
+    replay_events,
+    retry_parked,
+    sink_status,
+)
 from ._registry import KINDS, UnknownSinkKind, build_sinks, sink_class
 from ._settings import SinkSettings
 
@@ -29,6 +37,7 @@ __all__ = [
     "DeliveryError",
     "DeliveryResult",
     "Dispatcher",
+    "ParkedEvent",
     "RefusedDelivery",
     "RetryableDelivery",
     "Sink",
@@ -36,9 +45,14 @@ __all__ = [
     "SinkError",
     "SinkSettings",
     "SinkStats",
+    "SinkStatus",
     "UnknownSinkKind",
     "build_sinks",
     "event_id_for",
+    "parked_events",
+    "replay_events",
+    "retry_parked",
     "sink_class",
+    "sink_status",
     "worker_owner",
 ]

@@ -21,7 +21,7 @@ This module is only SQL; :mod:`._dispatcher` decides what to write.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -396,7 +396,7 @@ async def _write_failures(
 # -- what the CLI reads and writes (any process, no lease needed) ---------------------------
 
 
-async def sink_status(engine: AsyncEngine, sinks: dict[str, Sequence[str]]) -> list[SinkStatus]:
+async def sink_status(engine: AsyncEngine, sinks: Mapping[str, Sequence[str]]) -> list[SinkStatus]:
     """The status of each named sink (with its watchers), in the order given."""
     out: list[SinkStatus] = []
     async with engine.connect() as conn:
