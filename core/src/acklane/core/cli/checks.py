@@ -20,6 +20,7 @@ from sqlalchemy.exc import DBAPIError
 from ..errors import BrokerAuthError
 from ..events import TABLE_NAME, display_url, why_unavailable
 from ..observe.redact import redact
+from ..sinks import Sink, build_sinks
 from ..sql import async_engine, is_sqlite_memory, offline_url_problem
 
 if TYPE_CHECKING:
@@ -185,9 +186,31 @@ async def check_stream(stream: StreamConfig, *, call_timeout: float) -> CheckRes
     return result("ok", found)
 
 
+async def check_sink(sink: Sink, *, call_timeout: float) -> CheckResult:
+    """The sink reaches its destination (:meth:`Sink.check`), delivering nothing."""
+    target, setting = f"sink {sink.name}", f"sinks.{sink.name}"
+
+    def result(status: Status, detail: str) -> CheckResult:
+        return CheckResult(target, setting, status, redact(detail))
+
+    try:
+        async with asyncio.timeout(call_timeout):
+            await sink.open()
+            try:
+                await sink.check()
+            finally:
+                await sink.aclose()
+    except TimeoutError:
+        return result("failed", f"{sink.destination}: no answer within {call_timeout:g}s")
+    except Exception as exc:
+        log.debug("connection check of sink %s failed", sink.name, exc_info=True)
+        return result("failed", f"{sink.destination}: {_reason(exc)}")
+    return result("ok", f"{sink.destination} answers")
+
+
 async def run_checks(config: AcklaneConfig, *, call_timeout: float) -> list[CheckResult]:
     """The store's check, then each stream's (one per upstream: streams that share a
-    key are the same upstream), run concurrently; in that order."""
+    key are the same upstream), then each sink's, run concurrently; in that order."""
     seen: set[object] = set()
     streams = []
     for stream in config.streams.values():
@@ -197,4 +220,8 @@ async def run_checks(config: AcklaneConfig, *, call_timeout: float) -> list[Chec
     async with asyncio.TaskGroup() as tg:
         store = tg.create_task(check_store(config.store.url, call_timeout=call_timeout))
         checks = [tg.create_task(check_stream(s, call_timeout=call_timeout)) for s in streams]
-    return [store.result(), *(c.result() for c in checks)]
+        sinks = [
+            tg.create_task(check_sink(sink, call_timeout=call_timeout))
+            for sink, _ in build_sinks(config)
+        ]
+    return [store.result(), *(c.result() for c in checks), *(s.result() for s in sinks)]
