@@ -25,6 +25,9 @@ from acklane.integration import chaos
 
 MESSAGES = 80
 KILLS = 5
+#: the webhook-sink runs (smaller: each broker runs both)
+SINK_MESSAGES = 40
+SINK_KILLS = 3
 #: the run's own bound on every wait (the test's timeout is above it)
 RUN_TIMEOUT = 150.0
 
@@ -55,4 +58,31 @@ def test_sigkilled_runner_loses_no_event_and_stores_none_twice(
     print(result.explain(log=False))
     assert result.kills == KILLS
     assert (result.lost, result.dup, result.dlq_missing) == (0, 0, 0), result.explain()
+    assert not result.problems, result.explain()
+
+
+@pytest.mark.parametrize("broker", sorted(chaos.ADAPTERS))
+def test_sigkilled_runner_delivers_every_event_to_a_webhook_sink(
+    broker: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """The same chaos with a webhook sink on every watcher: the kills fall during
+    deliveries too, and the receiver still gets every stored event (repeats allowed:
+    at least once, with the same idempotency key)."""
+    emulator = request.getfixturevalue(f"{broker}_emulator")
+    seed = chaos_seed()
+    result = chaos.run_broker(
+        broker,
+        emulator,
+        messages=SINK_MESSAGES,
+        kills=SINK_KILLS,
+        seed=seed,
+        timeout=RUN_TIMEOUT,
+        workdir=tmp_path,
+        sink="webhook",
+    )
+    print(result.line())
+    print(result.explain(log=False))
+    assert result.kills == SINK_KILLS
+    assert (result.lost, result.dup, result.dlq_missing) == (0, 0, 0), result.explain()
+    assert result.sink_lost == 0, result.explain()
     assert not result.problems, result.explain()

@@ -39,6 +39,12 @@ the official images under Docker with ``ACKLANE_EMULATOR_BACKEND=docker``):
      (extra copies there, from a kill between the copy and the advance, are
      at-least-once and allowed).
 
+With ``--sink webhook`` every watcher also delivers its events to a webhook sink, a
+recording receiver in its own process (``acklane.integration.webhook``), so the kills
+fall during deliveries too; once the run is done the line also says ``sink_lost``
+(stored events the receiver never got: must be 0) and ``sink_redelivered`` (repeated
+arrivals of an event id, which a receiver deduping on the Idempotency-Key drops).
+
 It prints one line per broker, ``kafka: kills=3 msgs=60 lost=0 dup=0 dlq_missing=0``,
 and exits 1 when any count is not zero (or when something else went wrong: an
 event nobody should have fired, a good message dead-lettered, a broker not
@@ -75,13 +81,16 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, ClassVar
 
 import yaml
 
+from acklane.core.sinks import event_id_for
 from acklane.integration.emulator import Emulator, emulator_for
 from acklane.integration.kafka import KafkaKit
+from acklane.integration.webhook import WebhookReceiver
 
 EVENTS_TABLE = "acklane_trigger_events"
 KILL_MODES = ("commit", "commit+jitter", "random")
@@ -640,6 +649,24 @@ class StoreReader:
             for trigger, payload in self._query(f"SELECT trigger_id, payload FROM {EVENTS_TABLE}")
         )
 
+    def event_ids(self) -> set[str]:
+        """The sinks' event id of every stored event (what a sink must deliver)."""
+        rows = self._query(
+            f"SELECT id, trigger_id, stream_key, message_id, position, created_at "
+            f"FROM {EVENTS_TABLE}"
+        )
+        return {
+            event_id_for(
+                watcher=str(trigger),
+                stream=str(stream),
+                message_id=None if message_id is None else str(message_id),
+                position=int(position),
+                store_id=int(row_id),
+                created_at=datetime.fromisoformat(str(created)).replace(tzinfo=UTC),
+            )
+            for row_id, trigger, stream, message_id, position, created in rows
+        }
+
     def close(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None:
@@ -658,6 +685,11 @@ class Result:
     lost: int = 0
     dup: int = 0
     dlq_missing: int = 0
+    #: With ``--sink webhook``: stored events the receiver never got, and repeated
+    #: arrivals of an event id (at least once: allowed, and counted).
+    sink: str | None = None
+    sink_lost: int = 0
+    sink_redelivered: int = 0
     #: anything else that went wrong, in words (also fails the run)
     problems: list[str] = field(default_factory=list)
     #: what happened, in order (kill modes and times), for the report
@@ -668,13 +700,16 @@ class Result:
 
     @property
     def ok(self) -> bool:
-        return not (self.lost or self.dup or self.dlq_missing or self.problems)
+        return not (self.lost or self.dup or self.dlq_missing or self.sink_lost or self.problems)
 
     def line(self) -> str:
-        return (
+        line = (
             f"{self.broker}: kills={self.kills} msgs={self.messages} "
             f"lost={self.lost} dup={self.dup} dlq_missing={self.dlq_missing}"
         )
+        if self.sink is not None:
+            line += f" sink_lost={self.sink_lost} sink_redelivered={self.sink_redelivered}"
+        return line
 
     def explain(self, log: bool = True) -> str:
         """Everything needed to look into a run: problems, counts, timeline, runner log."""
@@ -714,8 +749,10 @@ def wait_for_growth(store: StoreReader, runner: RunnerProcess, rows: int, timeou
     return wait_until(lambda: store.count() > rows or not runner.alive(), timeout, 0.002)
 
 
-def write_config(workdir: Path, adapter: BrokerAdapter) -> Path:
-    config = {
+def write_config(workdir: Path, adapter: BrokerAdapter, hook: str | None = None) -> Path:
+    """The pipeline; with ``hook`` (a receiver's URL) every watcher also delivers its
+    events to a webhook sink there."""
+    config: dict[str, Any] = {
         "engine": {
             "ack_timeout": 30,
             "restart_backoff_initial": 0.2,
@@ -729,6 +766,21 @@ def write_config(workdir: Path, adapter: BrokerAdapter) -> Path:
             for name, filt in WATCHERS.items()
         ],
     }
+    if hook is not None:
+        config["sinks"] = [
+            {
+                "name": "hook",
+                "kind": "webhook",
+                "url": hook,
+                "ordered": False,
+                "concurrency": 4,
+                "batch_size": 5,
+                "backoff_initial": 0.1,
+                "backoff_max": 1.0,
+            }
+        ]
+        for watcher in config["watchers"]:
+            watcher["sinks"] = ["hook"]
     path = workdir / "pipeline.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
@@ -761,12 +813,15 @@ def run_broker(
     seed: int = 0,
     timeout: float = 300.0,
     workdir: Path | None = None,
+    sink: str | None = None,
 ) -> Result:
-    """One chaos run on a started emulator; never raises for what it finds."""
+    """One chaos run on a started emulator; never raises for what it finds. With
+    ``sink="webhook"`` the watchers also deliver to a recording webhook receiver (a
+    real HTTP server in its own process), and the kills fall during deliveries too."""
     started = time.monotonic()
     deadline = Deadline(timeout)
     rng = random.Random(f"{seed}:{broker}")
-    result = Result(broker=broker, seed=seed, messages=messages)
+    result = Result(broker=broker, seed=seed, messages=messages, sink=sink)
     msgs = make_messages(messages, rng)
     poison = {m.id for m in msgs if is_poison(m)}
     expected = expected_events(msgs)
@@ -780,7 +835,13 @@ def run_broker(
         adapter = ADAPTERS[broker](emulator)
         stack.callback(adapter.close)
         adapter.prepare()
-        runner = RunnerProcess(write_config(workdir, adapter), workdir / "runner.log")
+        receiver = None
+        if sink is not None:
+            if sink != "webhook":
+                raise ValueError(f"unknown chaos sink {sink!r} (webhook)")
+            receiver = stack.enter_context(WebhookReceiver())
+        config = write_config(workdir, adapter, None if receiver is None else receiver.url)
+        runner = RunnerProcess(config, workdir / "runner.log")
         store = StoreReader(workdir / "events.db")
         stack.callback(store.close)
         stack.callback(runner.kill)  # whatever happens, no runner outlives the run
@@ -835,6 +896,27 @@ def run_broker(
             result.problems.append(f"the runner exited by itself (code {runner.exit_code()})")
         if not state["advanced"]:
             result.problems.append(f"the broker was not fully advanced: {state['broker']}")
+        if receiver is not None:
+            # every stored event delivered to the receiver (the runner is still running)
+            wanted = store.event_ids()
+            wait_until(
+                lambda: wanted <= receiver.stats(keys=True).keys.keys() or not runner.alive(),
+                deadline.left(60.0),
+                0.25,
+            )
+            got = receiver.stats(keys=True)
+            result.sink_lost = len(wanted - got.keys.keys())
+            result.sink_redelivered = got.repeats
+            strangers = got.keys.keys() - wanted
+            result.details.append(
+                f"webhook: {got.requests} request(s), {got.events} event(s), "
+                f"{got.distinct} distinct of {len(wanted)} stored"
+            )
+            if strangers:
+                result.problems.append(
+                    f"the receiver got event ids never stored: {sorted(strangers)[:5]}"
+                )
+            note(f"webhook: {got.distinct}/{len(wanted)} delivered, {got.repeats} repeat(s)")
 
         code = runner.terminate(timeout=20.0)
         note(f"SIGTERM: exit code {code}")
@@ -891,6 +973,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--timeout", type=float, default=300.0, help="seconds per broker, every wait included"
     )
+    parser.add_argument(
+        "--sink",
+        choices=["webhook"],
+        default=None,
+        help="also deliver every event to a webhook sink (a recording receiver) and count "
+        "sink_lost and sink_redelivered",
+    )
     parser.add_argument("--verbose", action="store_true", help="the timeline of every run")
     parser.add_argument(
         "--keep",
@@ -916,6 +1005,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 seed=seed,
                 timeout=args.timeout,
                 workdir=None if args.keep is None else args.keep / broker,
+                sink=args.sink,
             )
         print(result.line(), flush=True)
         if args.verbose or not result.ok:
