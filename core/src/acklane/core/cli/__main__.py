@@ -1,5 +1,6 @@
 """``python -m acklane.core.cli``: the `acklane` command."""
 
-from .app import main
+if __name__ == "__main__":
+    from .app import main
 
-main()
+    main()
