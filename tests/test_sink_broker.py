@@ -344,25 +344,138 @@ async def test_the_key_setting_becomes_the_record_key(request: pytest.FixtureReq
 # -- what is parked, what is retried
 
 
-@pytest.mark.parametrize("broker", ["sqs", "servicebus"])
+#: What each broker says of a message over its size limit, and the events that arrive.
+#: Kafka's producer (here limited to 100 kB) and Service Bus's publisher had sent the
+#: first event before they met the big one; sent again alone, it arrives twice (Service
+#: Bus's MessageId dedupes it on an entity with duplicate detection).
+TOO_LARGE = {
+    "kafka": ("MSG_SIZE_TOO_LARGE", [1, 1, 3]),
+    "sqs": ("BatchRequestTooLong", [1, 3]),
+    "servicebus": ("MessageSizeExceededError", [1, 1, 3]),
+}
+
+
+@pytest.mark.parametrize("broker", sorted(TOO_LARGE))
 async def test_a_message_too_large_for_the_broker_is_parked_alone(
     request: pytest.FixtureRequest, broker: str
 ) -> None:
-    big = _delivery(2, {"id": 2, "blob": "x" * 1_100_000})  # over both brokers' 1 MiB
+    big = _delivery(2, {"id": 2, "blob": "x" * 1_100_000})  # over SQS's and Service Bus's 1 MiB
     batch = [_delivery(1), big, _delivery(3)]
+    said, expected = TOO_LARGE[broker]
     async for target in _TARGETS[broker](request):
+        if broker == "kafka":
+            target.block["dlq_client"] = {"message.max.bytes": 100_000}
         results = await _deliver(target, batch, batch_size=3)
         assert results[0] is None and results[2] is None
         assert isinstance(results[1], RefusedDelivery)
-        assert ("BatchRequestTooLong" if broker == "sqs" else "MessageSizeExceeded") in (
-            results[1].reason
-        )
-        # Service Bus's publisher had sent the first one in a batch of its own before it
-        # met the big one; sent again alone, it arrives twice (MessageId dedupes it on a
-        # namespace with duplicate detection)
-        expected = {"sqs": [1, 3], "servicebus": [1, 1, 3]}[broker]
+        assert said in results[1].reason
         got = await target.read(len(expected))
         assert sorted(r.document()["payload"]["id"] for r in got) == expected
+
+
+def _publish_error(text: str, cause: BaseException | None = None) -> BaseException:
+    """A PublishError as the publishers raise it: from the SDK's exception, when any."""
+    from acklane.core.connectors import PublishError
+
+    try:
+        try:
+            if cause is not None:
+                raise cause
+        except Exception as exc:
+            raise PublishError(text) from exc
+        raise PublishError(text)
+    except PublishError as error:
+        return error
+
+
+def _sdk_errors() -> list[tuple[str, BaseException, bool]]:
+    from azure.servicebus.exceptions import ServiceBusConnectionError, ServiceBusServerBusyError
+    from botocore.exceptions import ClientError
+    from confluent_kafka import KafkaError, KafkaException
+    from google.api_core import exceptions as google
+
+    def client_error(code: str) -> ClientError:
+        return ClientError({"Error": {"Code": code, "Message": "..."}}, "SendMessageBatch")
+
+    return [
+        (
+            "pubsub too large",
+            _publish_error(
+                "pubsub topic t: InvalidArgument: 400 Request payload size exceeds the limit",
+                google.InvalidArgument("Request payload size exceeds the limit"),
+            ),
+            True,
+        ),
+        (
+            "pubsub unavailable",
+            _publish_error("pubsub topic t: ServiceUnavailable", google.ServiceUnavailable("x")),
+            False,
+        ),
+        ("pubsub topic gone", _publish_error("pubsub topic t", google.NotFound("t")), False),
+        (
+            "kafka broker refused the size",
+            _publish_error(
+                "kafka topic t: 1 record(s) refused, the first: MSG_SIZE_TOO_LARGE: Broker: "
+                "Message size too large"
+            ),
+            True,
+        ),
+        (
+            "kafka local size check",
+            KafkaException(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE)),
+            True,
+        ),
+        (
+            "kafka timed out",
+            _publish_error("kafka topic t: 1 record(s) refused, the first: _MSG_TIMED_OUT: x"),
+            False,
+        ),
+        (
+            "kafka not authorised",
+            _publish_error("kafka topic t: TOPIC_AUTHORIZATION_FAILED: Broker: not authorized"),
+            False,
+        ),
+        (
+            "sqs entry refused",
+            _publish_error(
+                "sqs queue q: 1 message(s) refused, the first: InvalidMessageContents: bad char"
+            ),
+            True,
+        ),
+        (
+            "sqs throttled",
+            _publish_error("sqs queue q: throttled", client_error("ThrottlingException")),
+            False,
+        ),
+        (
+            "sqs queue gone",
+            _publish_error("sqs queue q: gone", client_error("QueueDoesNotExist")),
+            False,
+        ),
+        (
+            "servicebus busy",
+            _publish_error("servicebus queue q: busy", ServiceBusServerBusyError(message="busy")),
+            False,
+        ),
+        (
+            "servicebus unreachable",
+            _publish_error("servicebus queue q: down", ServiceBusConnectionError(message="x")),
+            False,
+        ),
+        ("anything else", ConnectionResetError("reset by peer"), False),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("error", "refused"), [c[1:] for c in _sdk_errors()], ids=[c[0] for c in _sdk_errors()]
+)
+def test_only_what_a_broker_refuses_for_good_is_parked(error: BaseException, refused: bool) -> None:
+    """Pure logic, on the SDKs' own exceptions: the cases the emulators cannot produce."""
+    from acklane.core.sinks.broker import delivery_outcome
+
+    outcome = delivery_outcome(error, "the destination")
+    assert type(outcome) is (RefusedDelivery if refused else RetryableDelivery)
+    assert outcome.reason
 
 
 async def test_a_queue_that_appears_later_is_delivered_to(request: pytest.FixtureRequest) -> None:
