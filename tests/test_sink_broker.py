@@ -478,6 +478,21 @@ def test_only_what_a_broker_refuses_for_good_is_parked(error: BaseException, ref
     assert outcome.reason
 
 
+def test_a_known_secret_never_reaches_a_reason() -> None:
+    from acklane.core.observe.redact import forget_all, remember
+    from acklane.core.sinks.broker import delivery_outcome
+
+    remember(["planted-secret-42"])
+    try:
+        outcome = delivery_outcome(
+            _publish_error("sqs queue q: signature of key planted-secret-42 refused"), "q"
+        )
+    finally:
+        forget_all()
+    assert "planted-secret-42" not in outcome.reason
+    assert outcome.reason.startswith("sqs queue q: signature of key ")
+
+
 async def test_a_queue_that_appears_later_is_delivered_to(request: pytest.FixtureRequest) -> None:
     from acklane.integration.sqs import sqs_client
 
