@@ -32,7 +32,13 @@ from ._models import (
     StoreSettings,
     WatcherSettings,
 )
-from ._parse import load_config, load_store_config, parse_config, parse_store_config
+from ._parse import (
+    add_import_roots,
+    load_config,
+    load_store_config,
+    parse_config,
+    parse_store_config,
+)
 from ._result import AcklaneConfig, StoreConfig, StreamConfig, WatcherConfig
 from ._show import config_document
 
@@ -49,6 +55,7 @@ __all__ = [
     "StreamConfig",
     "WatcherConfig",
     "WatcherSettings",
+    "add_import_roots",
     "config_document",
     "format_path",
     "load_config",

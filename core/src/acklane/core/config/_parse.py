@@ -228,16 +228,16 @@ def load_config(
     ``offline_checks`` (``acklane validate``): see :func:`parse_config`.
     """
     source, text = _read_file(path)
-    _add_import_roots(Path(source).resolve().parent, Path.cwd())
+    add_import_roots(Path(source).resolve().parent, Path.cwd())
     return parse_config(text, source=source, env=env, offline_checks=offline_checks)
 
 
-def _add_import_roots(*directories: Path) -> None:
+def add_import_roots(*directories: Path) -> None:
     """Put the directories at the front of ``sys.path``, in order, once each.
 
-    A pipeline's filters live beside its YAML; the ``acklane`` script's own
-    ``sys.path`` holds neither that directory nor the working directory. They stay
-    on the path: a filter may import its own helpers later, while it runs.
+    A pipeline's filters (and function sinks) live beside its YAML; the ``acklane``
+    script's own ``sys.path`` holds neither that directory nor the working directory.
+    They stay on the path: a filter may import its own helpers later, while it runs.
     """
     wanted = [str(d) for d in directories]
     sys.path[:] = wanted + [p for p in sys.path if p not in wanted]

@@ -34,11 +34,19 @@ class OutgoingMessage:
     key, SQS's FIFO MessageGroupId, Pub/Sub's ordering key, Service Bus's session
     id); ``attributes`` what it reads back as attributes (Kafka headers, SQS message
     attributes, Pub/Sub attributes, Service Bus application properties).
+
+    ``dedupe_id`` is the broker's own duplicate-detection key, where it has one a
+    sender can set: Service Bus's ``MessageId`` (duplicate detection, when the entity
+    has it on) and an SQS FIFO queue's ``MessageDeduplicationId`` (a standard queue
+    has none). Pub/Sub and Kafka have no such key (Kafka's idempotent producer only
+    drops its own retries): their publishers ignore it. ``None``: the broker's
+    default (a fresh id per message).
     """
 
     body: bytes
     key: str | None = None
     attributes: Mapping[str, str] = field(default_factory=dict)
+    dedupe_id: str | None = None
 
 
 class Publisher(ABC):

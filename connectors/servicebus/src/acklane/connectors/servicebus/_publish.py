@@ -17,7 +17,8 @@ class ServiceBusPublisher(Publisher):
     """Sends to the stream's queue, or to the topic of its subscription.
 
     Attributes become application properties; the key is the session id, so only a
-    session-enabled stream (``sessions: true``) takes one.
+    session-enabled stream (``sessions: true``) takes one. A ``dedupe_id`` is the
+    message's ``MessageId``, what duplicate detection compares.
     """
 
     max_batch: ClassVar[int] = 200
@@ -46,6 +47,7 @@ class ServiceBusPublisher(Publisher):
             message.body,
             application_properties=properties or None,
             session_id=message.key,
+            message_id=message.dedupe_id,
         )
 
     async def send(self, messages: Sequence[OutgoingMessage]) -> None:

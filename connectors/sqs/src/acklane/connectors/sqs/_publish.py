@@ -30,8 +30,9 @@ class SqsPublisher(Publisher):
     """Sends to the stream's queue (its URL, or the URL of ``queue_name``).
 
     The body must be text (SQS bodies are). A FIFO queue's messages get the key as
-    their MessageGroupId (``acklane-publish`` without one) and a fresh
-    MessageDeduplicationId each; a standard queue takes no key.
+    their MessageGroupId (``acklane-publish`` without one) and their ``dedupe_id`` as
+    MessageDeduplicationId (a fresh one without it); a standard queue takes no key
+    and has no deduplication id.
     """
 
     max_batch: ClassVar[int] = 100
@@ -47,22 +48,23 @@ class SqsPublisher(Publisher):
         return f"sqs queue {self.queue_url or self.config.queue_ref}"
 
     async def _connect(self) -> Any:
-        if self._client is not None:
-            return self._client
         import aioboto3
         from botocore.exceptions import BotoCoreError, ClientError
 
         cfg = self.config
-        session = aioboto3.Session(
-            profile_name=cfg.profile,
-            aws_access_key_id=_reveal(cfg.aws_access_key_id),
-            aws_secret_access_key=_reveal(cfg.aws_secret_access_key),
-            aws_session_token=_reveal(cfg.aws_session_token),
-            region_name=cfg.region,
-        )
-        self._client = await self._stack.enter_async_context(
-            session.client("sqs", region_name=cfg.region, endpoint_url=cfg.endpoint_url)
-        )
+        if self._client is None:
+            session = aioboto3.Session(
+                profile_name=cfg.profile,
+                aws_access_key_id=_reveal(cfg.aws_access_key_id),
+                aws_secret_access_key=_reveal(cfg.aws_secret_access_key),
+                aws_session_token=_reveal(cfg.aws_session_token),
+                region_name=cfg.region,
+            )
+            self._client = await self._stack.enter_async_context(
+                session.client("sqs", region_name=cfg.region, endpoint_url=cfg.endpoint_url)
+            )
+        # looked up again after a failure (the queue created since, the endpoint back):
+        # a long-lived publisher (a broker sink) must not keep a missing URL
         if self.queue_url is None:
             kwargs: dict[str, Any] = {"QueueName": cfg.queue_name}
             if cfg.account_id:
@@ -93,7 +95,7 @@ class SqsPublisher(Publisher):
                 }
             if fifo:
                 entry["MessageGroupId"] = message.key or DEFAULT_GROUP
-                entry["MessageDeduplicationId"] = uuid.uuid4().hex
+                entry["MessageDeduplicationId"] = message.dedupe_id or uuid.uuid4().hex
             elif message.key is not None:
                 raise PublishError(
                     f"{self.destination}: a key is a FIFO queue's MessageGroupId; this queue "
