@@ -37,6 +37,7 @@ __all__ = [
     "SinkContext",
     "SinkError",
     "event_id_for",
+    "field_problem",
 ]
 
 
@@ -126,6 +127,15 @@ class Delivery:
             "position": self.position,
             "stored_at": self.created_at.isoformat(),
         }
+
+
+def field_problem(problem: str) -> tuple[str, str]:
+    """``"stream: no stream named 'x'"`` as ``("stream", "no stream named 'x'")``, for
+    :meth:`Sink.config_problems` (a problem without a leading field name stays whole)."""
+    head, sep, rest = problem.partition(": ")
+    if sep and head.replace("_", "").replace(".", "").isalnum():
+        return head, rest
+    return "", problem
 
 
 @dataclass(frozen=True, slots=True)

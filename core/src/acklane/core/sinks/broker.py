@@ -47,6 +47,7 @@ from ._base import (
     Sink,
     SinkContext,
     SinkError,
+    field_problem,
 )
 from ._settings import SinkSettings
 
@@ -225,6 +226,11 @@ class BrokerSink(Sink):
         self._publisher: Publisher | None = None
 
     # -- configuration
+
+    @classmethod
+    def config_problems(cls, settings: SinkSettings, context: SinkContext) -> list[tuple[str, str]]:
+        assert isinstance(settings, BrokerSinkSettings)
+        return [field_problem(p) for p in cls.check_config(settings, context.streams)]
 
     @classmethod
     def check_config(

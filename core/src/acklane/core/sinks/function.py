@@ -31,7 +31,15 @@ from pydantic import Field, model_validator
 from ..durations import Duration
 from ..observe.redact import redact
 from ..pipeline.filters import import_object
-from ._base import Delivery, DeliveryError, RetryableDelivery, Sink, SinkContext, SinkError
+from ._base import (
+    Delivery,
+    DeliveryError,
+    RetryableDelivery,
+    Sink,
+    SinkContext,
+    SinkError,
+    field_problem,
+)
 from ._settings import SinkSettings
 
 __all__ = ["FunctionSink", "FunctionSinkSettings"]
@@ -123,6 +131,11 @@ class FunctionSink(Sink):
         super().__init__(settings, context)
         self._function: SinkFunction | None = None
         self._async = False
+
+    @classmethod
+    def config_problems(cls, settings: SinkSettings, context: SinkContext) -> list[tuple[str, str]]:
+        assert isinstance(settings, FunctionSinkSettings)
+        return [field_problem(p) for p in cls.check_config(settings, context.config_dir)]
 
     @classmethod
     def check_config(cls, settings: FunctionSinkSettings, config_dir: Path | None) -> list[str]:
