@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import json
+import re
 import socket
 import ssl
 import time
@@ -21,6 +22,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -717,3 +719,57 @@ def test_a_control_character_error_does_not_show_the_value() -> None:
     with pytest.raises(ValidationError) as failed:
         settings("https://h/in", headers={"Authorization": f"Bearer {TOKEN}\n"})
     assert "PLANTED" not in str(failed.value)
+
+
+# -- the documentation ------------------------------------------------------------------
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "sinks" / "webhook.md"
+
+
+def _doc_function(name: str) -> Callable[..., Any]:
+    """The function ``name`` of a Python block of docs/sinks/webhook.md."""
+    blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(encoding="utf-8"), re.DOTALL)
+    (source,) = [b for b in blocks if f"def {name}(" in b]
+    namespace: dict[str, Any] = {}
+    exec(compile(source, str(DOC), "exec"), namespace)
+    function: Callable[..., Any] = namespace[name]
+    return function
+
+
+async def test_the_documented_plain_hmac_check_accepts_a_real_request(receiver: Receiver) -> None:
+    signed_by_acklane = _doc_function("signed_by_acklane")
+    async with opened(receiver.url, secret=SECRET, batch_size=2) as sink:
+        await sink.deliver([delivery(1), delivery(2)])
+    seen = receiver.requests[0]
+    header = seen.headers[SIGNATURE_HEADER]
+    assert signed_by_acklane(seen.body, header, SECRET) is True
+    assert signed_by_acklane(seen.body + b" ", header, SECRET) is False
+    assert signed_by_acklane(seen.body, header, "another-secret-0123456") is False
+    old = sign(seen.body, SECRET, timestamp=int(time.time()) - 600)
+    assert signed_by_acklane(seen.body, old, SECRET) is False
+
+
+async def test_the_documented_python_receiver_takes_signed_events_and_refuses_others(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("ORDERS_HOOK_SECRET", SECRET)
+    orders_hook = _doc_function("orders_hook")
+    app = web.Application()
+    app.router.add_post("/hook", orders_hook)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    site = web.SockSite(runner, sock)
+    await site.start()
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}/hook"
+    try:
+        async with opened(url, secret=SECRET, batch_size=3) as sink:
+            assert await sink.deliver([delivery(1), delivery(2)]) == [None, None]
+            assert await sink.deliver([delivery(3)]) == [None]
+        async with opened(url, secret="not-the-receivers-secret") as sink:
+            (refused,) = await sink.deliver([delivery(4)])
+    finally:
+        await runner.cleanup()
+    assert isinstance(refused, RefusedDelivery)
+    assert refused.reason.startswith("HTTP 401 Unauthorized: the signature does not match")

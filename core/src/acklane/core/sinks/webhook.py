@@ -474,7 +474,8 @@ class WebhookSink(Sink):
             ) as response:
                 status = response.status
                 if 200 <= status < 300:
-                    await _drain(response)
+                    if not response.content.is_eof():  # most answers are in already
+                        await _drain(response)
                     return None
                 return await self._failure(response)
         except TimeoutError as exc:
