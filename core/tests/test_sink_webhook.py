@@ -47,6 +47,7 @@ from acklane.core.sinks.webhook import (
     SignatureError,
     WebhookSink,
     WebhookSinkSettings,
+    batch_idempotency_key,
     parse_retry_after,
     sign,
     verify_signature,
@@ -368,6 +369,25 @@ async def test_a_batch_keeps_its_body_and_idempotency_key_across_attempts(
     assert one.headers[IDEMPOTENCY_HEADER] == two.headers[IDEMPOTENCY_HEADER]
 
 
+async def test_a_batch_of_one_keeps_the_batch_shape(receiver: Receiver) -> None:
+    event = delivery(9)
+    async with opened(receiver.url, batch_size=100) as sink:
+        assert await sink.deliver([event]) == [None]
+    seen = receiver.requests[0]
+    assert seen.json() == {"events": [{**event.acklane_fields(), "payload": event.payload}]}
+    assert seen.headers[IDEMPOTENCY_HEADER] == batch_idempotency_key([event.event_id])
+
+
+@pytest.mark.parametrize("batch_size", [1, 3])
+async def test_more_events_than_batch_size_are_a_caller_error(
+    receiver: Receiver, batch_size: int
+) -> None:
+    async with opened(receiver.url, batch_size=batch_size) as sink:
+        with pytest.raises(ValueError, match=f"at most {batch_size} events per request"):
+            await sink.deliver([delivery(n) for n in range(batch_size + 1)])
+    assert receiver.requests == []
+
+
 async def test_another_batch_has_another_idempotency_key(receiver: Receiver) -> None:
     async with opened(receiver.url, batch_size=10) as sink:
         await sink.deliver([delivery(1), delivery(2)])
@@ -680,6 +700,16 @@ def test_the_defaults() -> None:
     assert (configured.batch_size, configured.ordered, configured.concurrency) == (1, True, 1)
 
 
+def test_a_number_as_a_header_value_is_sent_as_written() -> None:
+    assert settings("http://h/in", headers={"X-Version": 2}).headers == {"X-Version": "2"}
+
+
+def test_a_bad_header_value_is_one_error_at_its_header() -> None:
+    with pytest.raises(ValidationError) as failed:
+        settings("http://h/in", headers={"X-Flag": True})
+    assert [e["loc"] for e in failed.value.errors()] == [("headers", "X-Flag")]
+
+
 def test_durations_take_units() -> None:
     configured = settings("http://h/in", timeout="1m", connect_timeout="2.5s")
     assert (configured.timeout, configured.connect_timeout) == (60.0, 2.5)
@@ -699,6 +729,8 @@ def test_durations_take_units() -> None:
         ({"headers": {"Idempotency-Key": "x"}}, "set by acklane"),
         ({"headers": {"content-type": "text/plain"}}, "set by acklane"),
         ({"headers": {"X-A": "1", "x-a": "2"}}, "given twice"),
+        ({"headers": {"X-Flag": True}}, "expected a string, got true or false"),
+        ({"headers": {"X-List": ["a"]}}, "expected a string, got list"),
         ({"timeout": 0}, "greater than 0"),
         ({"timeout": "soon"}, "expected a duration"),
         ({"concurrency": 4}, "needs ordered: false"),

@@ -38,7 +38,7 @@ from typing import Annotated, Any, Final, Literal, Self
 
 import aiohttp
 import yarl
-from pydantic import ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import BeforeValidator, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from ..durations import Duration, format_duration
 from ..errors import AcklaneError
@@ -119,6 +119,16 @@ def is_secret_header(name: str) -> bool:
     return bool(_SECRET_HEADER_WORDS.search(name)) or is_secret_name(name)
 
 
+def _header_value(value: object) -> object:
+    """A header's value: a string (a number, as YAML reads ``X-Version: 2``, as written)."""
+    if isinstance(value, str | SecretStr):
+        return value
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return str(value)
+    kind = "true or false" if isinstance(value, bool) else type(value).__name__
+    raise ValueError(f"expected a string, got {kind} (quote the value)")
+
+
 class WebhookSinkSettings(SinkSettings):
     """``kind: webhook``: where to POST, how to sign, which headers, how long to wait."""
 
@@ -133,7 +143,9 @@ class WebhookSinkSettings(SinkSettings):
     #: The HMAC-SHA256 key of the ``Acklane-Signature`` header; no signature without it.
     secret: SecretStr | None = None
     #: Extra headers of every request; the values of secret-looking names are SecretStr.
-    headers: dict[str, str | SecretStr] = Field(default_factory=dict)
+    headers: dict[str, Annotated[str | SecretStr, BeforeValidator(_header_value)]] = Field(
+        default_factory=dict
+    )
     #: The whole request, connecting included, from the first byte sent to the last read.
     timeout: Annotated[Duration, Field(gt=0)] = 10.0
     #: Connecting (TCP and TLS) to the receiver, within ``timeout``.
@@ -437,23 +449,31 @@ class WebhookSink(Sink):
         return f"webhook sink {self.name} ({self._destination})"
 
     async def deliver(self, batch: Sequence[Delivery]) -> list[DeliveryResult]:
-        """POST ``batch`` as one request (one event: its document; several: ``{"events":
-        [...]}``); every event of the batch shares the request's outcome."""
+        """POST ``batch`` as one request and give every event of it the request's outcome.
+
+        With ``batch_size: 1`` the body is the event's document and the key its id; with
+        a larger ``batch_size`` it is always ``{"events": [...]}`` (one event too: the
+        receiver sees one shape) and the key the batch's.
+        """
         if not batch:
             return []
+        if len(batch) > self.max_batch:
+            raise ValueError(
+                f"{self._label} takes at most {self.max_batch} events per request (its "
+                f"batch_size), got {len(batch)}"
+            )
+        single = self.max_batch == 1
         try:
-            if len(batch) == 1:
+            if single:
                 body = _ENCODE(_document(batch[0])).encode()
             else:
                 body = _ENCODE({"events": [_document(d) for d in batch]}).encode()
         except (TypeError, ValueError) as exc:
-            refused = RefusedDelivery(f"the payload cannot be sent as JSON: {exc}")
+            refused = RefusedDelivery(self._scrub(f"the payload cannot be sent as JSON: {exc}"))
             return [refused] * len(batch)
         headers = dict(self._base_headers)
         headers[IDEMPOTENCY_HEADER] = (
-            batch[0].event_id
-            if len(batch) == 1
-            else batch_idempotency_key([d.event_id for d in batch])
+            batch[0].event_id if single else batch_idempotency_key([d.event_id for d in batch])
         )
         if self._mac is not None:
             timestamp = int(time.time())
