@@ -48,6 +48,7 @@ from acklane.core.sinks.webhook import (
     WebhookSink,
     WebhookSinkSettings,
     batch_idempotency_key,
+    is_secret_header,
     parse_retry_after,
     sign,
     verify_signature,
@@ -579,6 +580,28 @@ def test_secrets_are_absent_from_the_settings_repr() -> None:
     assert configured.headers["X-Team"] == "dp"
     shown = json.dumps(redact.redact_structure(configured))
     assert "PLANTED" not in shown
+
+
+@pytest.mark.parametrize(
+    ("name", "secret"),
+    [
+        ("Authorization", True),
+        ("proxy-authorization", True),
+        ("Cookie", True),
+        ("X-Api-Key", True),
+        ("Ocp-Apim-Subscription-Key", True),
+        ("X-Auth-Token", True),
+        ("X-Hub-Signature-256", True),
+        ("X-Session-Id", True),
+        ("X-Client-Secret", True),
+        ("X-Team", False),
+        ("X-Design-Version", False),
+        ("Accept-Language", False),
+        ("User-Agent", False),
+    ],
+)
+def test_secret_looking_header_names(name: str, secret: bool) -> None:
+    assert is_secret_header(name) is secret
 
 
 def test_the_loader_finds_the_secret_header_values() -> None:

@@ -99,7 +99,9 @@ _RESERVED: Final = frozenset(
     }
 )
 # Header names whose values are credentials although is_secret_name() would not say so.
-_SECRET_HEADER_WORDS: Final = re.compile(r"auth|cookie|session|key|sig", re.IGNORECASE)
+_SECRET_HEADER_WORDS: Final = re.compile(
+    r"auth|cookie|session|(?:^|[-_.])(?:key|sig)|key$", re.IGNORECASE
+)
 # RFC 9110 field names (tokens) and values (no control characters but tab).
 _TOKEN: Final = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 _BAD_VALUE: Final = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
@@ -112,10 +114,12 @@ _ENCODE: Final = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
 
 
 def is_secret_header(name: str) -> bool:
-    """Whether the value of the header ``name`` is a credential: ``Authorization``,
-    ``Proxy-Authorization``, ``Cookie``, ``X-Api-Key``, ``X-Auth-Token``, a
-    ``...-Signature``, a ``...-Session...``, or any name
-    :func:`~acklane.core.observe.redact.is_secret_name` calls secret."""
+    """Whether the value of the header ``name`` is a credential: ``auth``, ``cookie`` or
+    ``session`` anywhere in it (``Authorization``, ``X-Auth-Token``, ``Set-Cookie``), a
+    word ``key...`` or ``sig...`` (``X-Api-Key``, ``Ocp-Apim-Subscription-Key``,
+    ``X-Hub-Signature``), or what
+    :func:`~acklane.core.observe.redact.is_secret_name` calls secret (``token``,
+    ``secret``, ``pass``...)."""
     return bool(_SECRET_HEADER_WORDS.search(name)) or is_secret_name(name)
 
 
