@@ -56,8 +56,10 @@ from ._base import (
 from ._settings import SinkSettings
 
 __all__ = [
+    "DEFAULT_TOLERANCE",
     "IDEMPOTENCY_HEADER",
     "SIGNATURE_HEADER",
+    "USER_AGENT",
     "SignatureError",
     "WebhookSink",
     "WebhookSinkSettings",
@@ -130,7 +132,7 @@ def _header_value(value: object) -> object:
     if isinstance(value, int | float) and not isinstance(value, bool):
         return str(value)
     kind = "true or false" if isinstance(value, bool) else type(value).__name__
-    raise ValueError(f"expected a string, got {kind} (quote the value)")
+    raise ValueError(f"expected a string, got {kind}")
 
 
 class WebhookSinkSettings(SinkSettings):
