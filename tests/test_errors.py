@@ -71,6 +71,14 @@ BRANCHES: dict[str, type[AcklaneError]] = {
     "acklane.core.events._store.StoreUnavailable": AcklaneError,
     # the data a filter reads
     "acklane.core.message.BodyDecodeError": AcklaneError,
+    # sinks
+    "acklane.core.sinks._base.SinkError": AcklaneError,
+    "acklane.core.sinks._base.DeliveryError": AcklaneError,
+    "acklane.core.sinks._base.RetryableDelivery": AcklaneError,
+    "acklane.core.sinks._base.RefusedDelivery": AcklaneError,
+    "acklane.core.sinks._registry.UnknownSinkKind": AcklaneError,
+    "acklane.core.sinks._outbox.LeaseLost": AcklaneError,
+    "acklane.core.sinks.webhook.SignatureError": AcklaneError,
     # tooling: the demo and the emulators
     "acklane.core.cli.demo.DemoBrokerUnavailable": AcklaneError,
     "acklane.core.cli.demo.UnknownDemoBroker": AcklaneError,
@@ -101,6 +109,8 @@ BUILTIN_BASES: dict[str, type[Exception]] = {
     "acklane.core.events._store.StoreUnavailable": RuntimeError,
     "acklane.core.cli.demo.UnknownDemoBroker": LookupError,
     "acklane.integration.emulator.EmulatorError": RuntimeError,
+    "acklane.core.sinks._registry.UnknownSinkKind": LookupError,
+    "acklane.core.sinks.webhook.SignatureError": ValueError,
 }
 
 

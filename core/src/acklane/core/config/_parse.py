@@ -329,7 +329,10 @@ def parse_config(
     assert isinstance(store, StoreSettings)
     assert isinstance(metrics, MetricsSettings)
     secrets = _remember_secrets(
-        reader, data, *(s for stream in streams.values() for s in secrets_in(stream.config))
+        reader,
+        data,
+        *(s for stream in streams.values() for s in secrets_in(stream.config)),
+        *(s for entry in sinks.values() for s in secrets_in(entry.settings)),
     )
     return AcklaneConfig(
         source=source,

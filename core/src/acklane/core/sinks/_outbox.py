@@ -31,7 +31,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from ..events import events_table, sink_deliveries_table, sink_state_table
-from ._base import Delivery, event_id_for
+from ._base import Delivery, SinkError, event_id_for
 
 __all__ = [
     "Failure",
@@ -51,7 +51,7 @@ _S = sink_state_table.c
 _D = sink_deliveries_table.c
 
 
-class LeaseLost(Exception):
+class LeaseLost(SinkError):
     """Another process holds the sink's lease now: stop delivering (nothing settled)."""
 
 

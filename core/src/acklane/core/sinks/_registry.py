@@ -6,6 +6,8 @@ import importlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
+from ._base import SinkError
+
 if TYPE_CHECKING:
     from ..config import AcklaneConfig
     from ._base import Sink
@@ -21,7 +23,7 @@ KINDS: Final[dict[str, str]] = {
 }
 
 
-class UnknownSinkKind(LookupError):
+class UnknownSinkKind(SinkError, LookupError):
     """``kind:`` names no sink kind."""
 
 

@@ -1,0 +1,13 @@
+"""Function sinks of the sinks tests, found by name (``sink_functions:record``) both by
+the tests and by the pipeline they run (not a test module)."""
+
+from __future__ import annotations
+
+from acklane.core.sinks import Delivery
+
+#: What :func:`record` got, in order.
+RECEIVED: list[Delivery] = []
+
+
+def record(event: Delivery) -> None:
+    RECEIVED.append(event)
