@@ -29,7 +29,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from chaos import (  # the bench directory, not a package: found through sys.path
+from acklane.integration.chaos import (
     ADAPTERS,
     BrokerAdapter,
     KafkaAdapter,
