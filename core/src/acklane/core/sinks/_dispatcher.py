@@ -31,6 +31,7 @@ import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from time import monotonic as _monotonic
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -114,6 +115,10 @@ class SinkWorker:
         self._stopping = False
         self._next_due: datetime | None = None
         self._failing = False
+        #: Whether retrying rows may exist (this worker wrote some and has not seen them
+        #: go), and when the table was last looked at.
+        self._may_have_rows = True
+        self._rows_checked = 0.0
 
     # -- control -----------------------------------------------------------------------
 
@@ -239,8 +244,14 @@ class SinkWorker:
     async def _round(self) -> bool:
         """Pick, send and settle one window of work; False when there was nothing due."""
         ob = self.outbox
-        waiting, first_due = await ob.retrying()
-        self._next_due = first_due
+        waiting = 0
+        if self._may_have_rows or _monotonic() >= self._rows_checked + self.poll_interval:
+            # Rows appear through this worker's settlements, or through `sinks retry` and
+            # `events replay` in another process: those are looked for once a poll.
+            waiting, first_due = await ob.retrying()
+            self._next_due = first_due
+            self._may_have_rows = waiting > 0
+            self._rows_checked = _monotonic()
         work: list[StoredWork] = await ob.due(self.window) if waiting else []
         if self.settings.ordered:
             if waiting and not work:
@@ -252,7 +263,9 @@ class SinkWorker:
         if not work:
             return False
         fresh = [w.delivery.store_id for w in work if not w.from_row]
-        if fresh:
+        if fresh and self.sink.exactly_once:
+            # What the next holder must look up if this process dies before settling
+            # (an at-least-once sink sends it again anyway: no write needed).
             await ob.claim(max(fresh))
         results = await self._send(work)
         await self._settle(work, results)
@@ -380,6 +393,8 @@ class SinkWorker:
         await self.outbox.settle(
             cursor=cursor, delivered=delivered, cleared=cleared, failures=failures
         )
+        if any(f.state == "retry" for f in failures) or cleared:
+            self._may_have_rows = True
         stats.delivered += delivered
         stats.retried += sum(1 for f in failures if f.state == "retry")
         stats.parked += sum(1 for f in failures if f.state == "parked")
