@@ -135,7 +135,8 @@ async def test_a_filter_that_returns_fails_its_cohort_and_the_message_it_was_on_
     db = tmp_path / "e.db"
     SIBLING_DB[:] = [db]
     runner = Runner(
-        _config(db, broker.name, '{function: "test_runner_leaving:leave_once"}'),
+        # this very module (its SIBLING_DB): by the name pytest imported it under
+        _config(db, broker.name, f'{{function: "{__name__}:leave_once"}}'),
         handle_signals=False,
     )
     for i in range(3):
