@@ -245,6 +245,19 @@ async def test_a_retry_of_an_event_airflow_already_has_is_not_posted_again(
     assert len(await events_of(airflow_server, d)) == 1
 
 
+async def test_delivered_already_pages_through_more_events_than_one_page_holds(
+    airflow_server: AirflowServer,
+) -> None:
+    # Airflow caps a page at 100 events: the one looked up comes after them
+    fillers = [delivery({"filler": n}) for n in range(101)]
+    target = delivery({"n": "target"})
+    async with sink_for(airflow_server, asset_uri=URI) as sink:
+        for d in [*fillers, target]:
+            assert await sink.deliver([d]) == [None]
+        looked_up = Delivery(**{**_fields(target), "created_at": fillers[0].created_at})
+        assert await sink.delivered_already([looked_up]) == {target.event_id}
+
+
 def _fields(d: Delivery) -> dict[str, Any]:
     return {name: getattr(d, name) for name in Delivery.__dataclass_fields__}
 

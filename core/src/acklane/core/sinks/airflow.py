@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, SecretStr, field_validator, model_validator
 
 from ..durations import Duration
-from ..observe.redact import MASK, redact
+from ..observe.redact import MASK, MIN_LENGTH, redact
 from ._airflow_client import (
     AirflowClient,
     AssetRef,
@@ -206,8 +206,11 @@ class AirflowSink(Sink):
             )
         super().__init__(settings, context)
         self.config: AirflowSinkSettings = settings
+        # masked in reasons as redact() masks registered secrets (too short: not searched)
         self._secrets = [
-            s.get_secret_value() for s in (settings.password, settings.token) if s is not None
+            value
+            for secret in (settings.password, settings.token)
+            if secret is not None and len(value := secret.get_secret_value()) >= MIN_LENGTH
         ]
         self._client: AirflowClient | None = None
         self._asset_ids: dict[AssetRef, int] = {}
