@@ -17,5 +17,7 @@ for dag_id, asset in (
     ("acklane_sink_orders", ORDERS),
     ("acklane_sink_orders_by_uri", ORDERS_BY_URI),
 ):
-    with DAG(dag_id, schedule=[asset], catchup=False, tags=["acklane-tests"]):
+    with DAG(
+        dag_id, schedule=[asset], catchup=False, is_paused_upon_creation=False, tags=["acklane"]
+    ):
         EmptyOperator(task_id="received")

@@ -11,6 +11,12 @@ asset events).
 :class:`AirflowRest` reads what Airflow shows through the REST API: assets, asset
 events, DAG runs; it can also revoke a token (``/api/v2/auth/logout``).
 
+The metadata database is SQLite, which takes one write at a time: concurrent
+``POST /api/v2/assets/events`` get ``500 Database error`` or hang until their
+timeout, and may leave a scheduler started then unable to start. Post one at a time
+(an ``ordered`` sink). DAGs are unpaused at creation, so that a scheduler started
+with :meth:`AirflowServer.start_component` runs them at once.
+
 Needs Airflow in the environment (``uv sync --group airflow``); nothing here imports it.
 """
 
@@ -117,6 +123,8 @@ class AirflowServer:
             "AIRFLOW__CORE__DAGS_FOLDER": str(dags_folder),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
+            # a scheduler started later runs the DAGs at once (unpaused)
+            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": ",".join(
                 f"{u.username}:{u.role}" for u in self.users.values()
             ),
