@@ -21,6 +21,7 @@ from acklane.core.sinks import Delivery, RefusedDelivery, RetryableDelivery, Sin
 from acklane.core.sinks.airflow import AirflowSink, AirflowSinkSettings, CredentialsRefused
 from acklane.integration.airflow import AirflowServer
 from acklane.integration.emulator import free_port
+from acklane.integration.testing import eventually
 
 pytestmark = [pytest.mark.airflow, pytest.mark.timeout(180)]
 
@@ -301,3 +302,26 @@ async def test_check_fails_on_a_wrong_token_for_the_watchers_assets(
 async def test_check_fails_when_airflow_is_unreachable(airflow_server: AirflowServer) -> None:
     with pytest.raises(SinkError, match="cannot connect"):
         await sink_for(airflow_server, url=f"http://127.0.0.1:{free_port()}").check()
+
+
+# -- what it is for ----------------------------------------------------------------------------
+
+
+async def test_a_delivered_event_makes_an_asset_triggered_dag_run_that_succeeds(
+    airflow_server: AirflowServer,
+) -> None:
+    # last in the file: the scheduler, once started, runs until the session ends
+    d = delivery({"order": "for-a-dag-run"})
+    async with sink_for(airflow_server, asset_uri=URI) as sink:
+        assert await sink.deliver([d]) == [None]
+    airflow_server.start_component("scheduler")
+    async with airflow_server.rest() as api:
+
+        async def run_succeeded() -> bool:
+            airflow_server.check_alive()
+            runs = await api.dag_runs("acklane_sink_orders_by_uri")
+            return any(r["state"] == "success" for r in runs)
+
+        await eventually(run_succeeded, "a successful run of acklane_sink_orders_by_uri", 120)
+        runs = await api.dag_runs("acklane_sink_orders_by_uri")
+    assert {r["run_type"] for r in runs} == {"asset_triggered"}
