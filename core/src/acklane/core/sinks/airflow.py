@@ -44,6 +44,7 @@ from ._base import (
     Sink,
     SinkContext,
     SinkError,
+    field_problem,
 )
 from ._settings import SinkSettings
 
@@ -226,6 +227,11 @@ class AirflowSink(Sink):
         return f"airflow {self.config.url} ({target})"
 
     # -- configuration ----------------------------------------------------------------------
+
+    @classmethod
+    def config_problems(cls, settings: SinkSettings, context: SinkContext) -> list[tuple[str, str]]:
+        assert isinstance(settings, AirflowSinkSettings)
+        return [field_problem(p) for p in cls.check_config(settings, context.watcher_assets)]
 
     @staticmethod
     def check_config(
