@@ -318,3 +318,80 @@ def test_the_memory_example_runs_but_cannot_be_published_to(
     runner, _, err = background([*ACKLANE, *header_commands(example)[1]], env)
     err.wait_for("Shared stream group started", runner, timeout=60)
     assert stop(runner) == 0, err.text()
+
+
+# -- the sinks' examples ------------------------------------------------------------------
+
+SINK_EXAMPLES = EXAMPLES / "sinks"
+
+
+def header_steps(example: Path) -> list[list[str]]:
+    """The ``uv run acklane ...`` and ``uv run python ...`` commands of a file's header."""
+    text = "\n".join(
+        line.removeprefix("#").strip()
+        for line in example.read_text().splitlines()
+        if line.startswith("#")
+    ).replace("\\\n", " ")
+    return [
+        shlex.split(m.group(0).removeprefix("uv run "))
+        for m in re.finditer(r"uv run (acklane|python) (.+)", text)
+    ]
+
+
+def test_the_webhook_sink_example_runs_as_its_header_says(
+    tmp_path: Path, background: Callable[..., tuple[subprocess.Popen[str], Lines, Lines]]
+) -> None:
+    example = SINK_EXAMPLES / "webhook.yaml"
+    steps = header_steps(example)
+    assert [s[:3] for s in steps] == [
+        ["acklane", "emulator", "start"],
+        ["python", "examples/sinks/webhook_receiver.py", "--port"],
+        ["acklane", "publish", "examples/sinks/webhook.yaml"],
+        ["acklane", "run", "examples/sinks/webhook.yaml"],
+        ["acklane", "sinks", "status"],
+    ], steps
+    port = free_port()
+    env = {
+        **os.environ,
+        "ACKLANE_STORE_URL": f"sqlite:///{tmp_path / 'events.db'}",
+        "COLUMNS": "200",
+        "WEBHOOK_URL": f"http://127.0.0.1:{port}/orders",
+        **_address_environment("kafka", free_port()),
+    }
+
+    def command(step: list[str]) -> list[str]:
+        if step[0] == "acklane":
+            return [*ACKLANE, *step[1:]]
+        return [sys.executable, *step[1:]]
+
+    emulator, _, err = background([*command(steps[0]), "--backend", _backend()], env)
+    err.wait_for("Ctrl-C to stop", emulator, timeout=120)
+    receiver_step = [*steps[1][:-1], str(port)]  # the header's port, taken free here
+    receiver, received, _ = background(command(receiver_step), env)
+    received.wait_for("listening on", receiver, timeout=30)
+    published = subprocess.run(
+        command(steps[2]), cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert published.returncode == 0, published.stdout + published.stderr
+    runner, _, run_err = background(command(steps[3]), env)
+    try:
+        received.wait_for("event ev_", receiver, timeout=120)
+        deadline = time.monotonic() + 60
+        while received.text().count("event ev_") < 2:  # the two orders above 100
+            assert time.monotonic() < deadline and runner.poll() is None, run_err.text()
+            time.sleep(0.2)
+    finally:
+        assert stop(runner) == 0, run_err.text()
+    lines = [line for line in received.text().splitlines() if line.startswith("event ")]
+    assert sorted(json.loads(line.split(": ", 1)[1])["amount"] for line in lines) == [150, 420]
+    status = subprocess.run(
+        [*command(steps[4]), "--format", "json"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert status.returncode == 0, status.stderr
+    (doc,) = [json.loads(line) for line in status.stdout.splitlines()]
+    assert (doc["sink"], doc["delivered"], doc["lag"], doc["parked"]) == ("orders-hook", 2, 0, 0)
