@@ -121,6 +121,12 @@ def test_messages_become_exactly_one_asset_event_each_through_sigkills(
                 return len(stored) == expected and stored <= got
 
             assert chaos.wait_until(all_there, 150.0, 0.5), runner.tail()
+            # the last start has its streams up (a SIGTERM before is not a graceful stop)
+            assert chaos.wait_until(
+                lambda: runner.tail().rpartition("===== start")[2].count("group started") == 2,
+                60.0,
+                0.2,
+            ), runner.tail()
             assert runner.terminate(timeout=30.0) == 0, runner.tail()
             stored = store.event_ids()
         finally:

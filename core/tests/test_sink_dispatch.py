@@ -388,3 +388,29 @@ async def test_an_exactly_once_sink_looks_up_what_a_crash_left_unsure(sqlite_url
         await asyncio.sleep(0.1)
     assert sink.numbers() == [2, 3]
     assert sink.lookups >= 1
+
+
+async def test_a_lease_held_by_a_dead_process_of_this_host_is_taken_at_once(
+    sqlite_url: str,
+) -> None:
+    import socket
+
+    child = await asyncio.create_subprocess_exec("true")  # a pid that existed and is gone
+    await child.wait()
+    dead = f"{socket.gethostname()}:{child.pid}:dead"
+    sink = Recording()
+    async with EventStore(sqlite_url) as store:
+        await put(store, [1])
+    engine = async_engine(sqlite_url)
+    try:
+        async with engine.begin() as conn:
+            await conn.exec_driver_sql(
+                "INSERT INTO acklane_sink_state (sink, watchers, cursor, claimed_to, delivered, "
+                "owner, lease_until, updated_at) VALUES ('s', '[\"w\"]', 0, 0, 0, ?, "
+                "'2999-01-01 00:00:00', '2026-01-01 00:00:00')",
+                (dead,),
+            )
+    finally:
+        await engine.dispose()
+    async with running(sqlite_url, sink, lease_ttl=3600):
+        await eventually(lambda: len(sink.delivered) == 1, timeout=10)

@@ -21,6 +21,8 @@ This module is only SQL; :mod:`._dispatcher` decides what to write.
 from __future__ import annotations
 
 import json
+import os
+import socket
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -109,6 +111,25 @@ class ParkedEvent:
     attempts: int
     reason: str | None
     parked_at: datetime
+
+
+def _gone(owner: str) -> bool:
+    """Whether ``owner`` (``host:pid:random``, see ``worker_owner``) names a process of
+    this host that does not exist any more."""
+    host, _, rest = owner.partition(":")
+    pid_text = rest.partition(":")[0]
+    if host != socket.gethostname() or not pid_text.isdigit():
+        return False
+    pid = int(pid_text)
+    if pid == os.getpid():
+        return False  # this very process: an owner of an earlier life with the same pid
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # exists, another user's
+        return False
+    return False
 
 
 def _aware(value: datetime | None) -> datetime | None:
@@ -212,17 +233,21 @@ class Outbox:
 
     async def acquire(self, ttl: float) -> bool:
         """Take (or keep) the sink's lease for ``ttl`` seconds; True when this process
-        holds it. Taking it loads the cursor and what the last holder may have sent."""
+        holds it. Taking it loads the cursor and what the last holder may have sent.
+
+        A lease held by a process of this host that no longer exists (killed, crashed)
+        is taken at once rather than when it lapses."""
         now = self._now()
         until = _stamp(self.engine, now + timedelta(seconds=ttl))
         stamp_now = _stamp(self.engine, now)
         async with self.engine.begin() as conn:
+            held_by = (await conn.execute(select(_S.owner).where(_S.sink == self.sink))).scalar()
+            free = or_(_S.owner.is_(None), _S.owner == self.owner, _S.lease_until < stamp_now)
+            if held_by is not None and held_by != self.owner and _gone(held_by):
+                free = or_(free, _S.owner == held_by)
             result = await conn.execute(
                 update(sink_state_table)
-                .where(
-                    _S.sink == self.sink,
-                    or_(_S.owner.is_(None), _S.owner == self.owner, _S.lease_until < stamp_now),
-                )
+                .where(_S.sink == self.sink, free)
                 .values(owner=self.owner, lease_until=until, updated_at=stamp_now)
             )
             if result.rowcount != 1:
