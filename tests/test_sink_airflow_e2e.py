@@ -149,3 +149,87 @@ def test_messages_become_exactly_one_asset_event_each_through_sigkills(
     assert chaos.wait_until(lambda: all(asyncio.run(runs())), 60.0, 1.0), airflow_server.log_tail(
         "scheduler"
     )
+
+
+def test_the_kafka_to_airflow_example_runs_as_its_header_says(
+    airflow_server: AirflowServer, tmp_path: Path
+) -> None:
+    """examples/sinks/kafka-airflow.yaml's header, step by step, against a real Airflow:
+    the two big orders of orders.jsonl become two asset events of big_orders."""
+    import os
+    import subprocess
+    import sys
+
+    from test_examples import ROOT, _address_environment, _backend, header_steps, stop
+
+    from acklane.integration.emulator import free_port
+
+    steps = header_steps(ROOT / "examples" / "sinks" / "kafka-airflow.yaml")
+    assert [s[:2] for s in steps] == [
+        ["acklane", "emulator"],
+        ["acklane", "publish"],
+        ["acklane", "run"],
+        ["acklane", "sinks"],
+    ], steps
+    acklane = [sys.executable, "-m", "acklane.core.cli"]
+    env = {
+        **os.environ,
+        "ACKLANE_STORE_URL": f"sqlite:///{tmp_path / 'events.db'}",
+        "AIRFLOW_URL": airflow_server.url,
+        "AIRFLOW_USERNAME": airflow_server.admin.username,
+        "AIRFLOW_PASSWORD": airflow_server.admin.password,
+        **_address_environment("kafka", free_port()),
+    }
+    before = asyncio.run(_big_orders(airflow_server))
+    emulator = subprocess.Popen(
+        [*acklane, *steps[0][1:], "--backend", _backend()],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert emulator.stderr is not None
+        for line in emulator.stderr:  # ready once it says how to stop it
+            if "Ctrl-C to stop" in line:
+                break
+        published = subprocess.run(
+            [*acklane, *steps[1][1:]],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert published.returncode == 0, published.stderr
+        log = (tmp_path / "run.log").open("w")
+        runner = subprocess.Popen(
+            [*acklane, *steps[2][1:]], cwd=ROOT, env=env, stdout=log, stderr=log, text=True
+        )
+        try:
+            assert chaos.wait_until(
+                lambda: len(asyncio.run(_big_orders(airflow_server))) >= len(before) + 2, 120, 0.5
+            ), (tmp_path / "run.log").read_text()
+        finally:
+            assert stop(runner) == 0, (tmp_path / "run.log").read_text()
+        status = subprocess.run(
+            [*acklane, *steps[3][1:], "--format", "json"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert status.returncode == 0, status.stderr
+        assert json.loads(status.stdout)["delivered"] == 2
+    finally:
+        stop(emulator)
+    events = asyncio.run(_big_orders(airflow_server))[len(before) :]
+    assert sorted(e["extra"]["amount"] for e in events) == [150, 420]
+    assert {e["extra"]["acklane"]["watcher"] for e in events} == {"big-orders"}
+
+
+async def _big_orders(server: AirflowServer) -> list[dict[str, Any]]:
+    async with server.rest() as rest:
+        return await rest.asset_events(name="big_orders")

@@ -12,10 +12,13 @@ from airflow.sdk import DAG, Asset
 ORDERS = Asset("orders")
 #: An asset the sink names by URI.
 ORDERS_BY_URI = Asset(name="orders-by-uri", uri="s3://acklane-tests/orders.csv")
+#: The asset of examples/sinks/kafka-airflow.yaml.
+BIG_ORDERS = Asset("big_orders")
 
 for dag_id, asset in (
     ("acklane_sink_orders", ORDERS),
     ("acklane_sink_orders_by_uri", ORDERS_BY_URI),
+    ("acklane_sink_big_orders", BIG_ORDERS),
 ):
     with DAG(
         dag_id, schedule=[asset], catchup=False, is_paused_upon_creation=False, tags=["acklane"]
