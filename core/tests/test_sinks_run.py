@@ -147,3 +147,40 @@ def test_two_sinks_with_one_name_are_refused(tmp_path: Path) -> None:
     assert any("sinks[1].name" in p and "duplicate sink name 'calls'" in p for p in problems), (
         problems
     )
+
+
+async def test_the_sinks_metrics_and_readiness_are_served(
+    broker: MemoryBroker, tmp_path: Path
+) -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from acklane.core.observe.metrics import EngineCollector
+
+    db = f"sqlite:///{tmp_path / 'e.db'}"
+    config = parse_config(_yaml(db, broker.name, sinks=FUNCTION_SINK), source="p.yaml")
+    broker.publish("orders", json.dumps({"id": 1, "amount": 50}).encode(), key="k")
+    runner = Runner(config, handle_signals=False)
+    registry = CollectorRegistry()
+    registry.register(EngineCollector(runner))
+    seen: dict[str, Any] = {}
+
+    def scraped() -> bool:
+        if runner.sinks is None:
+            return False
+        stats = runner.sinks.stats()[0]  # settled, and the status read since
+        if stats.delivered < 1 or stats.status is None or stats.status.delivered < 1:
+            return False
+        seen["text"] = generate_latest(registry).decode()
+        seen["ready"] = runner.health.readiness()
+        return True
+
+    await run_until(runner, scraped)
+    text = seen["text"]
+    assert 'acklane_sink_deliveries_total{outcome="delivered",sink="calls"} 1.0' in text
+    assert 'acklane_sink_lag_events{sink="calls"}' in text
+    assert 'acklane_sink_oldest_pending_seconds{sink="calls"}' in text
+    assert 'acklane_sink_parked_events{sink="calls"} 0.0' in text
+    assert 'acklane_sink_delivering{sink="calls"} 1.0' in text
+    assert 'acklane_sink_delivery_latency_seconds_count{sink="calls"} 1.0' in text
+    ready, body = seen["ready"]
+    assert body["sinks"]["calls"]["ok"] is True and body["sinks"]["calls"]["delivering"]
