@@ -9,6 +9,7 @@ import textwrap
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from runner_harness import all_committed, run_until
@@ -182,5 +183,5 @@ async def test_the_sinks_metrics_and_readiness_are_served(
     assert 'acklane_sink_parked_events{sink="calls"} 0.0' in text
     assert 'acklane_sink_delivering{sink="calls"} 1.0' in text
     assert 'acklane_sink_delivery_latency_seconds_count{sink="calls"} 1.0' in text
-    ready, body = seen["ready"]
+    _, body = seen["ready"]
     assert body["sinks"]["calls"]["ok"] is True and body["sinks"]["calls"]["delivering"]
