@@ -441,3 +441,60 @@ def test_the_newer_commands_print_no_secret(tmp_path: Path, level: str, log_form
             said.append(output)
     # they did report the failures (with the secrets masked), not nothing
     assert any("***" in text for text in said)
+
+
+SINKS_CONFIG = """\
+store: {url: "sqlite:///{db}"}
+streams:
+  m: {connector: memory, broker: sinks-secrets, topics: [t]}
+sinks:
+  - name: hook
+    kind: webhook
+    url: "http://127.0.0.1:1/hook?token=${HOOKTOKEN}"
+    secret: "${HOOKKEY}"
+    headers: {Authorization: "Bearer ${HOOKBEARER}", X-Api-Key: "${HOOKAPIKEY}"}
+  - name: airflow
+    kind: airflow
+    url: http://127.0.0.1:1
+    username: admin
+    password: "${AIRFLOWPASS}"
+  - name: basic
+    kind: webhook
+    url: "http://user:${HOOKPASS}@127.0.0.1:1/hook"
+watchers:
+  - {name: w, stream: m, asset: orders, sinks: [hook, airflow, basic]}
+"""
+SINK_SECRETS = {
+    "HOOKPASS": "PLANTED20-url-password",
+    "HOOKTOKEN": "PLANTED21-url-token",
+    "HOOKKEY": "PLANTED22-hmac-signing-key",
+    "HOOKBEARER": "PLANTED23-bearer-token",
+    "HOOKAPIKEY": "PLANTED24-api-key",
+    "AIRFLOWPASS": "PLANTED25-airflow-password",
+}
+
+
+def test_the_sinks_commands_print_no_secret(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in SINK_SECRETS.items():
+        monkeypatch.setenv(name, value)
+    cfg = _write(tmp_path, "sinks.yaml", SINKS_CONFIG.replace("{db}", str(tmp_path / "e.db")))
+    runs = []
+    for command in (
+        ["validate", str(cfg)],
+        ["validate", "--connect", "--timeout", "2", str(cfg)],
+        ["config", "show", str(cfg)],
+        ["sinks", "status", str(cfg)],
+        ["sinks", "status", str(cfg), "--format", "json"],
+        ["sinks", "parked", str(cfg), "hook"],
+        ["sinks", "retry", str(cfg), "hook", "--all"],
+        ["events", "replay", str(cfg), "--watcher", "w", "--sink", "airflow"],
+    ):
+        for level in ("DEBUG", "INFO"):
+            result = CliRunner().invoke(app, ["--log-level", level, *command])
+            runs.append((command, result.stdout + result.stderr))
+    for command, output in runs:
+        assert not _leaks(output), (command, _leaks(output), output)
+    connect = next(o for c, o in runs if "--connect" in c)
+    assert "sink hook" in connect and "sink airflow" in connect

@@ -15,7 +15,7 @@ from pydantic_core import ErrorDetails
 from ..connectors import UnknownConnector, available_connectors, load_connector
 from ..observe.redact import redact, remember, secrets_in
 from ..pipeline.filters import FilterSpec, FilterSpecError, compile_filter
-from ..sinks import Sink, SinkContext, SinkSettings, UnknownSinkKind, sink_class
+from ..sinks import KINDS, Sink, SinkContext, SinkSettings, UnknownSinkKind, sink_class
 from ..sql import is_sqlite_memory, offline_url_problem
 from ..stores.settings import StateStoreSettings
 from ._errors import ConfigError, ConfigProblem, Loc
@@ -600,6 +600,8 @@ def _sinks(reader: _Reader, data: Mapping[str, Any]) -> dict[str, _SinkEntry]:
             )
             continue
         kind = item.get("kind")
+        if isinstance(item.get("name"), str) and not (isinstance(kind, str) and kind in KINDS):
+            reader.known_bad_sinks.add(item["name"])
         if not isinstance(kind, str):
             reader.problem(
                 (*loc, "kind"),
@@ -627,6 +629,8 @@ def _sinks(reader: _Reader, data: Mapping[str, Any]) -> dict[str, _SinkEntry]:
             settings = model.model_validate(item)
         except ValidationError as exc:
             _report(reader, exc, model, loc)
+            if isinstance(item.get("name"), str):  # its problems are told: not "unknown" too
+                reader.known_bad_sinks.add(item["name"])
             continue
         twin = sinks.get(settings.name)
         if twin is not None:
@@ -654,7 +658,7 @@ def _sink_references(
         if settings is None:
             continue
         for position, name in enumerate(settings.sinks):
-            if name not in sinks:
+            if name not in sinks and name not in reader.known_bad_sinks:
                 hint = difflib.get_close_matches(name, names, n=1)
                 also = f"did you mean {hint[0]!r}? " if hint else ""
                 reader.problem(

@@ -21,6 +21,7 @@ def config_document(config: AcklaneConfig) -> dict[str, Any]:
             "stream": w.stream,
             "asset": w.asset,
             "filter": redact_structure(w.filter) if w.filter is not None else None,
+            **({"sinks": list(w.sinks)} if w.sinks else {}),
         }
         for w in config.watchers
     ]
@@ -32,4 +33,6 @@ def config_document(config: AcklaneConfig) -> dict[str, Any]:
         "streams": streams,
         "watchers": watchers,
     }
+    if config.sinks:
+        document["sinks"] = [redact_structure(s) for s in config.sinks.values()]
     return document

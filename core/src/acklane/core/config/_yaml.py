@@ -40,6 +40,8 @@ class _Reader:
         #: Where a ``${VAR}`` could not be resolved: what is said about the value there
         #: afterwards (a wrong type...) is a consequence, not another problem.
         self.unresolved: set[Loc] = set()
+        #: Sinks whose own entry has problems: a watcher naming one is not told "unknown".
+        self.known_bad_sinks: set[str] = set()
         self._active: set[int] = set()
 
     # locations and problems
