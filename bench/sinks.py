@@ -17,9 +17,11 @@ process, counting every event id); the store is SQLite in a temporary directory.
    events/s stored in each run, and their ratio (target >= 0.9); with the sink, also
    how long after the last event was stored the receiver had them all.
 
-``--airflow URL`` (with ``ACKLANE_BENCH_AIRFLOW_USER`` and ``..._PASSWORD``) also
-measures events/s to a running Airflow API server through the airflow sink, one asset
-event per request (``ordered: false``, ``concurrency`` 8) on the asset ``--asset``.
+``--airflow`` also measures events/s to a real Airflow API server through the airflow
+sink, one asset event per request, ordered (Airflow on SQLite takes one write at a
+time): ``--airflow auto`` starts one (Airflow 3.3.2 from the ``airflow`` group, its
+metadata on SQLite, the DAGs of ``tests/airflow_dags``), ``--airflow URL`` uses a running
+one (``ACKLANE_BENCH_AIRFLOW_USER`` and ``..._PASSWORD``) with the asset ``--asset``.
 
     uv run python bench/sinks.py
     uv run python bench/sinks.py --events 5000 --skip-runner
@@ -44,6 +46,8 @@ from acklane.integration.webhook import WebhookReceiver
 
 TARGETS = {"single": 3_000.0, "batched": 30_000.0, "p99_ms": 25.0, "runner_ratio": 0.9}
 STREAM = '["bench","orders"]'
+#: The DAGs the started Airflow parses (their assets: orders, orders-by-uri, big_orders).
+DAGS = Path(__file__).resolve().parents[1] / "tests" / "airflow_dags"
 
 
 def verdict(ok: bool) -> str:
@@ -110,7 +114,9 @@ async def latency(workdir: Path, per_second: float, seconds: float) -> tuple[flo
     return percentile(lat, 0.50) * 1000, percentile(lat, 0.99) * 1000, total
 
 
-async def airflow_rate(workdir: Path, url: str, asset: str, n: int) -> float:
+async def airflow_rate(
+    workdir: Path, url: str, user: str, password: str, asset: str, n: int
+) -> float:
     store = f"sqlite:///{workdir / 'airflow.db'}"
     await fill(store, n)
     cls = sink_class("airflow")
@@ -119,11 +125,9 @@ async def airflow_rate(workdir: Path, url: str, asset: str, n: int) -> float:
             "name": "airflow",
             "kind": "airflow",
             "url": url,
-            "username": os.environ.get("ACKLANE_BENCH_AIRFLOW_USER", "admin"),
-            "password": os.environ.get("ACKLANE_BENCH_AIRFLOW_PASSWORD", "admin"),
+            "username": user,
+            "password": password,
             "asset": asset,
-            "ordered": False,
-            "concurrency": 8,
         }
     )
     sink = cls(settings)
@@ -208,10 +212,29 @@ async def main_async(args: argparse.Namespace) -> None:
             f"{verdict(p99 < TARGETS['p99_ms'])}",
             flush=True,
         )
+        if args.airflow == "auto":
+            from acklane.integration.airflow import AirflowServer
+
+            with AirflowServer(workdir / "airflow-home", DAGS) as server:
+                user = server.admin
+                per_second = await airflow_rate(
+                    workdir, server.url, user.username, user.password, "orders", args.airflow_events
+                )
+        elif args.airflow:
+            per_second = await airflow_rate(
+                workdir,
+                args.airflow,
+                os.environ.get("ACKLANE_BENCH_AIRFLOW_USER", "admin"),
+                os.environ.get("ACKLANE_BENCH_AIRFLOW_PASSWORD", "admin"),
+                args.asset,
+                args.airflow_events,
+            )
         if args.airflow:
-            n = max(200, args.events // 20)
-            per_second = await airflow_rate(workdir, args.airflow, args.asset, n)
-            print(f"airflow sink, {n} asset events: {per_second:,.0f} events/s", flush=True)
+            print(
+                f"airflow sink, {args.airflow_events} asset events through the REST API: "
+                f"{per_second:,.1f} events/s",
+                flush=True,
+            )
 
 
 def main() -> int:
@@ -220,7 +243,10 @@ def main() -> int:
     parser.add_argument("--latency-seconds", type=float, default=5.0)
     parser.add_argument("--runner-messages", type=int, default=100_000)
     parser.add_argument("--skip-runner", action="store_true")
-    parser.add_argument("--airflow", metavar="URL", help="a running Airflow API server")
+    parser.add_argument(
+        "--airflow", metavar="URL|auto", help="also an Airflow API server (auto: start one)"
+    )
+    parser.add_argument("--airflow-events", type=int, default=300)
     parser.add_argument("--asset", default="orders", help="the asset of --airflow")
     parser.add_argument("--timeout", type=float, default=300.0)
     args = parser.parse_args()
