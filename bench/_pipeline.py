@@ -271,7 +271,7 @@ def write_config(
 
 @dataclass
 class Runner:
-    """``acklane run`` (the real CLI, ``python -m acklane.core.cli.app run``) as a subprocess."""
+    """``acklane run`` (the real CLI, ``python -m acklane.core.cli run``) as a subprocess."""
 
     config: Path
     log: Path

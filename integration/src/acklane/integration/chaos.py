@@ -563,9 +563,11 @@ ADAPTERS: dict[str, type[BrokerAdapter]] = {
 class RunnerProcess:
     """``acklane run CONFIG`` as a child process; its output goes to ``log``."""
 
-    def __init__(self, config: Path, log: Path) -> None:
+    def __init__(self, config: Path, log: Path, *options: str) -> None:
         self.config = config
         self.log = log
+        #: More options of ``acklane run`` (``--no-sinks``).
+        self.options = options
         self.process: subprocess.Popen[bytes] | None = None
         self.starts = 0
 
@@ -574,7 +576,7 @@ class RunnerProcess:
             out.write(f"\n===== start {self.starts} =====\n".encode())
             out.flush()
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "acklane.core.cli", "run", str(self.config)],
+                [sys.executable, "-m", "acklane.core.cli", "run", *self.options, str(self.config)],
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,

@@ -416,7 +416,17 @@ def config_show(
 
 
 @app.command()
-def run(config: ConfigArg, log_level: LogLevelOption = None) -> None:
+def run(
+    config: ConfigArg,
+    log_level: LogLevelOption = None,
+    no_sinks: Annotated[
+        bool,
+        typer.Option(
+            "--no-sinks",
+            help="Store the events but deliver none: `acklane sinks run` does, in its own process.",
+        ),
+    ] = False,
+) -> None:
     """Run the pipeline until SIGINT/SIGTERM, then shut down gracefully."""
     global _startup
     startup, _startup = _startup or _StartupSignals(), None
@@ -431,7 +441,7 @@ def run(config: ConfigArg, log_level: LogLevelOption = None) -> None:
 
         runner: Runner | None = None
         try:
-            runner = Runner(cfg)
+            runner = Runner(cfg, deliver_sinks=not no_sinks)
             startup.hand_over(runner)
             if cfg.metrics.port is not None and not runner.stopping:
                 start_metrics_server(cfg.metrics.port, runner)

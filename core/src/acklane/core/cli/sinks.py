@@ -287,3 +287,77 @@ def replay(
         print(f"{n} event(s) of {watcher} queued for delivery to {sink} again", flush=True)
 
     _run(cfg, main)
+
+
+@app.command("run")
+def run_sinks(
+    config: ConfigArg,
+    poll_interval: Annotated[
+        float,
+        typer.Option(
+            "--poll-interval",
+            min=0.01,
+            help="Seconds between looks for new events on SQLite (PostgreSQL wakes it at "
+            "once through NOTIFY).",
+        ),
+    ] = 0.05,
+) -> None:
+    """Deliver the stored events to the sinks, apart from consumption (with `acklane run
+    --no-sinks`), until SIGINT/SIGTERM. Several may run: the sinks' leases share them."""
+    import logging
+    import signal
+
+    from ..sinks import Dispatcher, build_sinks
+
+    cfg = _load(config)
+    sinks = build_sinks(cfg)
+    if not sinks:
+        _fail(f"{cfg.source}: no watcher names a sink: nothing to deliver", 2)
+    log = logging.getLogger("acklane.core.cli.sinks")
+
+    async def main() -> None:
+        from ..events import EventStore
+        from ..sql import async_engine, is_sqlite
+
+        async with EventStore(cfg.store.url):  # tables of an older store, made
+            pass
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        dispatcher = Dispatcher(
+            cfg.store.url,
+            sinks,
+            shutdown_timeout=cfg.engine.shutdown_timeout,
+            notify_channel="acklane_events",
+        )
+        async with dispatcher:
+            log.info("Delivering to %s", ", ".join(sink.name for sink, _ in sinks))
+            if not is_sqlite(cfg.store.url):
+                await stop.wait()
+                return
+            # SQLite has no NOTIFY: a new highest event id is the signal
+            engine = async_engine(cfg.store.url)
+            try:
+                seen = -1
+                while not stop.is_set():
+                    async with engine.connect() as conn:
+                        top = (
+                            await conn.exec_driver_sql("SELECT max(id) FROM acklane_trigger_events")
+                        ).scalar()
+                    if top != seen:
+                        seen = top if isinstance(top, int) else 0
+                        dispatcher.wake()
+                    try:
+                        async with asyncio.timeout(poll_interval):
+                            await stop.wait()
+                    except TimeoutError:
+                        pass
+            finally:
+                await engine.dispose()
+        log.info("Stopped delivering")
+
+    try:
+        asyncio.run(main())
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None

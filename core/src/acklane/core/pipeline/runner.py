@@ -306,8 +306,12 @@ class Runner:
         *,
         observer: RunObserver | None = None,
         handle_signals: bool = True,
+        deliver_sinks: bool = True,
     ) -> None:
         self.config = config
+        #: False: the events of watchers with sinks are stored (and announced to other
+        #: processes) but delivered by another process (``acklane sinks run``).
+        self.deliver_sinks = deliver_sinks
         self.observer = observer or RunObserver()
         self.handle_signals = handle_signals
         self.stopping = False
@@ -518,6 +522,10 @@ class Runner:
         by the commits of other processes), when some watcher has sinks."""
         sinks = build_sinks(self.config)
         if not sinks:
+            return None
+        store.notify_channel = SINK_CHANNEL  # a dispatcher elsewhere wakes too (PostgreSQL)
+        if not self.deliver_sinks:
+            log.info("Sinks are delivered by another process (acklane sinks run)")
             return None
         dispatcher = Dispatcher(
             self.config.store.url,
