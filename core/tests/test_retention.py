@@ -333,7 +333,7 @@ def test_cli_prune_shows_a_progress_bar_on_a_terminal_for_a_large_prune(
 
     from rich.console import Console
 
-    from acklane.core.cli.app import events as cli_events
+    from acklane.core.cli import events as cli_events
 
     _fill(sqlite_url, [rec(n) for n in range(9)])
     _age(sqlite_url, range(9), timedelta(days=30))

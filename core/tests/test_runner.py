@@ -188,7 +188,7 @@ async def test_ack_timeout_of_one_watcher_restarts_its_cohort_with_redelivery(
         """,
         ack_timeout=0.5,
     )
-    from acklane.core.cli.app import demo
+    from acklane.core.cli import demo
 
     demo._STALLED.clear()
     _publish(broker, [{"id": i, "stall": i == 3} for i in range(10)])

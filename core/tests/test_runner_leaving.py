@@ -135,7 +135,9 @@ async def test_a_filter_that_returns_fails_its_cohort_and_the_message_it_was_on_
     db = tmp_path / "e.db"
     SIBLING_DB[:] = [db]
     runner = Runner(
-        _config(db, broker.name, '{function: "test_runner_leaving:leave_once"}'),
+        # this module by the name it was imported under (pytest's importlib mode): the
+        # runner then finds this leave_once, and the SIBLING_DB set above
+        _config(db, broker.name, f'{{function: "{__name__}:leave_once"}}'),
         handle_signals=False,
     )
     for i in range(3):
