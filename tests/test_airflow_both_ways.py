@@ -87,10 +87,12 @@ def reject_with(kind: str) -> Callable[[], None]:
     return shared.reject_shared_stream_event
 
 
-def make_manager(kind: str, af: SimpleNamespace, *, ack_timeout: float = 30.0) -> Any:
+def make_manager(
+    kind: str, af: SimpleNamespace, *, ack_timeout: float = 30.0, grace: float = 0.3
+) -> Any:
     """Either manager, with the same settings, by keyword (both are keyword-only)."""
     cls = acklane_manager.SharedStreamManager if kind == "acklane" else af.ss.SharedStreamManager
-    return cls(max_subscriber_queue=1024, ack_timeout=ack_timeout, cohort_grace_period=0.3)
+    return cls(max_subscriber_queue=1024, ack_timeout=ack_timeout, cohort_grace_period=grace)
 
 
 # -- the triggers ---------------------------------------------------------------------------
@@ -721,3 +723,279 @@ def test_acklanes_ack_timeout_is_airflows_too_and_pickles_as_acklanes(
     assert type(error).__name__ == "AckTimeout"
     again = pickle.loads(pickle.dumps(error))
     assert type(again) is acklane_trigger.AckTimeout and again.args == error.args
+
+
+# -- Airflow to the letter: what Airflow's callers would notice, under both managers ---------
+
+
+def _raised(call: Callable[[], Any]) -> tuple[type[BaseException], str]:
+    """The type and text of what ``call()`` raised."""
+    try:
+        call()
+    except Exception as exc:
+        return type(exc), str(exc)
+    raise AssertionError("it did not raise")
+
+
+def test_a_none_key_is_refused_with_airflows_value_error_under_both_managers(
+    af: SimpleNamespace,
+) -> None:
+    trigger = AcklaneMemTrigger("none-key")
+    got = {
+        kind: _raised(
+            lambda kind=kind: make_manager(kind, af).subscribe(
+                trigger_id=1, trigger=trigger, key=None
+            )
+        )
+        for kind in MANAGERS
+    }
+    assert got["acklane"] == got["airflow"] == (ValueError, "shared stream key must not be None")
+
+
+async def test_a_second_subscription_is_refused_with_airflows_runtime_error_under_both_managers(
+    af: SimpleNamespace,
+) -> None:
+    got = {}
+    for kind in MANAGERS:
+        manager = make_manager(kind, af)
+        trigger = AcklaneMemTrigger(f"twice-{kind}")
+        key = trigger.shared_stream_key()
+        manager.subscribe(trigger_id=1, trigger=trigger, key=key)
+        try:
+            error, text = _raised(
+                lambda m=manager, t=trigger, k=key: m.subscribe(trigger_id=1, trigger=t, key=k)
+            )
+            got[kind] = (error, text.replace(kind, "KIND"))
+        finally:
+            await manager.unsubscribe(1, key)
+            await manager.stop_all()
+            MemProducer.by_name.pop(trigger.name, None)
+    assert got["acklane"] == got["airflow"]
+    assert got["acklane"] == (
+        RuntimeError,
+        "Trigger 1 already subscribed to shared stream ('mem', 'twice-KIND')",
+    )
+
+
+class NoFilter(acklane_trigger.BaseEventTrigger):
+    """Ack mode, a key and a producer, but no filter of its own."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name=name)
+
+    def shared_stream_key(self) -> Hashable:
+        return ("no-filter", self.name)
+
+    @classmethod
+    def create_shared_stream_producer(cls, kwargs: dict[str, Any]) -> MemProducer:
+        return MemProducer.named(kwargs["name"])
+
+
+def _airflow_no_filter(af: SimpleNamespace) -> type:
+    """NoFilter on Airflow's base class, under the same name."""
+
+    class NoFilter(af.base.BaseEventTrigger):
+        def __init__(self, name: str) -> None:
+            super().__init__()
+            self.name = name
+
+        def serialize(self) -> tuple[str, dict[str, Any]]:
+            return f"{__name__}.NoFilter", {"name": self.name}
+
+        async def run(self) -> AsyncIterator[Any]:
+            raise NotImplementedError
+            yield  # pragma: no cover
+
+        def shared_stream_key(self) -> Hashable:
+            return ("no-filter", self.name)
+
+        @classmethod
+        def create_shared_stream_producer(cls, kwargs: dict[str, Any]) -> MemProducer:
+            return MemProducer.named(kwargs["name"])
+
+    return NoFilter
+
+
+@pytest.mark.parametrize("manager_kind", MANAGERS)
+async def test_a_trigger_without_a_filter_fails_as_on_airflows_base_under_both_managers(
+    af: SimpleNamespace, manager_kind: str
+) -> None:
+    got = []
+    for cls in (NoFilter, _airflow_no_filter(af)):
+        trigger = cls(f"no-filter-{manager_kind}-{cls.__module__}")
+        manager = make_manager(manager_kind, af)
+        key = trigger.shared_stream_key()
+        raw = manager.subscribe(trigger_id=1, trigger=trigger, key=key)
+        try:
+            with pytest.raises(NotImplementedError) as raised:
+                await anext(trigger.filter_shared_stream(raw))
+            got.append(str(raised.value))
+        finally:
+            await manager.unsubscribe(1, key)
+            await manager.stop_all()
+            MemProducer.by_name.pop(trigger.name, None)
+    ours, theirs = got
+    assert (
+        ours
+        == theirs
+        == ("NoFilter declares a shared_stream_key but does not implement filter_shared_stream")
+    )
+
+
+class NoStream(acklane_trigger.BaseEventTrigger):
+    """A key and a filter, but neither a stream (fast path) nor a producer (ack mode)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name=name)
+
+    def shared_stream_key(self) -> Hashable:
+        return ("no-stream", self.name)
+
+    async def filter_shared_stream(self, stream: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        async for item in stream:
+            yield acklane_trigger.TriggerEvent(item)
+
+
+def _airflow_no_stream(af: SimpleNamespace) -> type:
+    """NoStream on Airflow's base class, under the same name."""
+
+    class NoStream(af.base.BaseEventTrigger):
+        def __init__(self, name: str) -> None:
+            super().__init__()
+            self.name = name
+
+        def serialize(self) -> tuple[str, dict[str, Any]]:
+            return f"{__name__}.NoStream", {"name": self.name}
+
+        async def run(self) -> AsyncIterator[Any]:
+            raise NotImplementedError
+            yield  # pragma: no cover
+
+        def shared_stream_key(self) -> Hashable:
+            return ("no-stream", self.name)
+
+        async def filter_shared_stream(self, stream: AsyncIterator[Any]) -> AsyncIterator[Any]:
+            async for item in stream:
+                yield af.base.TriggerEvent(item)
+
+    return NoStream
+
+
+@pytest.mark.parametrize("manager_kind", MANAGERS)
+async def test_the_base_classes_create_shared_stream_producer_leaves_a_trigger_on_the_fast_path(
+    af: SimpleNamespace, manager_kind: str
+) -> None:
+    # Both bases define it (raising); neither puts NoStream in ack mode under either
+    # manager: its group fails for want of open_shared_stream, in Airflow's words.
+    got = []
+    for cls in (NoStream, _airflow_no_stream(af)):
+        manager = make_manager(manager_kind, af)
+        sub = Sub(1)
+        trigger = cls(f"no-stream-{manager_kind}")
+        async with running(manager, [(sub, trigger, trigger.shared_stream_key())]):
+            await until(lambda sub=sub: sub.error is not None)
+        got.append((type(sub.error), str(sub.error)))
+    ours, theirs = got
+    assert (
+        ours
+        == theirs
+        == (
+            NotImplementedError,
+            "NoStream declares a shared_stream_key but does not implement open_shared_stream",
+        )
+    )
+
+
+def test_the_base_classes_create_shared_stream_producer_raises_airflows_error(
+    af: SimpleNamespace,
+) -> None:
+    theirs = _airflow_no_stream(af)
+    for call in (
+        lambda: NoStream.create_shared_stream_producer({}),
+        lambda: NoStream("x").create_shared_stream_producer({}),
+    ):
+        assert _raised(call) == _raised(lambda: theirs.create_shared_stream_producer({}))
+        assert _raised(call) == (
+            NotImplementedError,
+            "NoStream does not implement create_shared_stream_producer",
+        )
+    assert callable(acklane_trigger.BaseEventTrigger.create_shared_stream_producer)
+
+
+class LoneProducer(acklane_producer.SharedStreamProducer):
+    """One raw event, then nothing; records when (in loop turns) it was advanced."""
+
+    def __init__(self, turns: list[int]) -> None:
+        self.turns = turns
+        self.advanced_at: int | None = None
+
+    async def open_stream(self) -> AsyncIterator[tuple[Any, Any]]:
+        yield "bad-0", "bad-0"
+        await asyncio.Event().wait()
+
+    async def advance(self, batch: Any) -> None:
+        if self.advanced_at is None:
+            self.advanced_at = self.turns[0]
+
+
+class LoneTrigger(acklane_trigger.BaseEventTrigger):
+    """Ack mode over LoneProducer; rejects ``bad-*`` with its ``_rejects``."""
+
+    producers: dict[str, LoneProducer] = {}
+    _rejects: Callable[[], None] = staticmethod(lambda: None)
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name=name)
+
+    def shared_stream_key(self) -> Hashable:
+        return ("lone", self.name)
+
+    @classmethod
+    def create_shared_stream_producer(cls, kwargs: dict[str, Any]) -> LoneProducer:
+        producer = cls.producers[kwargs["name"]]
+        return producer
+
+    async def filter_shared_stream(self, stream: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        async for item in stream:
+            if item.startswith("bad"):
+                self._rejects()
+                continue
+            yield acklane_trigger.TriggerEvent(item)  # pragma: no cover
+
+
+async def _turns_to_advance(af: SimpleNamespace, manager_kind: str, rej: str) -> int:
+    """Event-loop turns from subscribing to the lone rejected event's advance.
+
+    As a caller drives Airflow's manager: subscribe, run the filter in a task, then
+    let the loop turn (one ``sleep(0)`` is one turn of this task) until it is advanced.
+    """
+    turns = [0]
+    name = f"lone-{manager_kind}-{rej}"
+    producer = LoneTrigger.producers[name] = LoneProducer(turns)
+    trigger = LoneTrigger(name)
+    trigger._rejects = reject_with(rej)
+    manager = make_manager(manager_kind, af, grace=0)  # a grace period is a sleep: no turns
+    key = trigger.shared_stream_key()
+    raw = manager.subscribe(trigger_id=1, trigger=trigger, key=key)
+    filtering = asyncio.create_task(anext(trigger.filter_shared_stream(raw), None))
+    try:
+        while producer.advanced_at is None and turns[0] < 50:
+            await asyncio.sleep(0)
+            turns[0] += 1
+    finally:
+        filtering.cancel()
+        await asyncio.gather(filtering, return_exceptions=True)
+        await manager.unsubscribe(1, key)
+        await manager.stop_all()
+        del LoneTrigger.producers[name]
+    assert producer.advanced_at is not None, "never advanced"
+    return producer.advanced_at
+
+
+@pytest.mark.parametrize("rej", REJECTS)
+async def test_a_lone_rejected_event_is_advanced_as_promptly_under_both_managers(
+    af: SimpleNamespace, rej: str
+) -> None:
+    ours = await _turns_to_advance(af, "acklane", rej)
+    theirs = await _turns_to_advance(af, "airflow", rej)
+    assert ours == theirs, f"acklane's manager: {ours} turns, Airflow's: {theirs}"

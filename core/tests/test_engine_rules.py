@@ -89,7 +89,7 @@ def test_the_constructor_is_keyword_only_and_accepts_airflows_log() -> None:
 async def test_subscribe_raises_at_once_on_a_none_key(
     manager: SharedStreamManager, up: Upstream
 ) -> None:
-    with pytest.raises(ValueError, match="None shared stream key"):
+    with pytest.raises(ValueError, match="shared stream key must not be None"):
         manager.subscribe(trigger_id="t", trigger=AckTrigger(up.name), key=None)  # no await
     assert not manager._groups
 
@@ -688,6 +688,37 @@ async def test_group_started_log_line_once_per_group_at_info(
     assert "subscribers=3" in lines[0].getMessage()
     assert repr(("fake", up.name)) in lines[0].getMessage()
     await m.stop_all()
+
+
+async def test_a_poll_stopped_from_its_own_step_that_then_ends_closes_the_group_in_order(
+    up: Upstream,
+) -> None:
+    # The group's task polls: stop_polling() from inside its own step (here by the
+    # failure observer, on an overflow) cancels that task, and the stream then ends
+    # without awaiting again. That cancellation is the group's own: the advance under
+    # way completes and the producer is closed after it.
+    manager: SharedStreamManager | None = None
+
+    def stop(_key: Hashable, _trigger_id: str, _exc: BaseException) -> None:
+        assert manager is not None
+        manager.stop_polling()
+
+    manager = SharedStreamManager(
+        max_subscriber_queue=1, ack_timeout=30.0, on_subscriber_failed=stop
+    )
+    up.advance_gate = asyncio.Event()
+    up.push(1, 2)
+    up.end()  # all there before the poll starts: taken without awaiting
+    t = AckTrigger(up.name)
+    raw = manager.subscribe(trigger_id="a", trigger=t, key=t.shared_stream_key())
+    await eventually(lambda: up.in_flight == 1)
+    await settle()
+    up.advance_gate.set()
+    await eventually(lambda: up.aclosed == 1)
+    assert up.outcomes() == {1: (0, 1, 0), 2: (0, 1, 0)}
+    with pytest.raises(SubscriberOverflow):
+        await anext(raw)
+    await manager.stop_all()
 
 
 async def test_standalone_trigger_with_none_key_is_not_shared() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from abc import ABCMeta
 from collections.abc import AsyncIterator, Hashable
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Protocol
@@ -160,13 +161,35 @@ def uses_ack_channel(cls: type) -> bool:
     return False
 
 
-class BaseEventTrigger:
+class _TriggerClass(ABCMeta):
+    """The metaclass of :class:`BaseEventTrigger`: where its default
+    ``create_shared_stream_producer`` lives.
+
+    Airflow's base class defines that classmethod (raising ``NotImplementedError``),
+    and Airflow's manager puts a class in ack mode when a class of its MRO defines it
+    itself, walking up to *Airflow's* base only. On acklane's base it would be found by
+    that walk, and every acklane trigger would run in ack mode under Airflow's manager.
+    Defined here, ``SomeTrigger.create_shared_stream_producer(kwargs)`` still finds it
+    (a class's attribute lookup ends at its metaclass) while no class's ``__dict__``
+    holds it, so both managers' walks see only a subclass's own definition.
+    (``ABCMeta``: a trigger may also derive from an ABC, or from Airflow's base.)
+    """
+
+    def create_shared_stream_producer(cls, kwargs: dict[str, Any]) -> SharedStreamProducer:
+        """Ack mode: a subclass that shares its stream in ack mode defines this."""
+        raise NotImplementedError(
+            f"{cls.__name__} does not implement create_shared_stream_producer"
+        )
+
+
+class BaseEventTrigger(metaclass=_TriggerClass):
     """Base class of triggers (watchers) that may share one upstream poll.
 
     Subclasses opt in to sharing by returning a key from :meth:`shared_stream_key`
     and by providing either :meth:`open_shared_stream` (fast path, nothing is
     acknowledged) or :meth:`create_shared_stream_producer` (ack mode). The
-    constructor takes no arguments, so subclasses need not call it with any.
+    constructor takes no arguments, so subclasses need not call it with any. The
+    defaults raise what Airflow's raise, in its words.
     """
 
     #: The asset store of the asset this watcher feeds, set by the runner.
@@ -198,18 +221,29 @@ class BaseEventTrigger:
     @classmethod
     def open_shared_stream(cls, kwargs: dict[str, Any]) -> AsyncIterator[Any]:
         """Fast path: an async generator of raw events, run once per group."""
-        raise NotImplementedError(f"{cls.__qualname__} does not implement open_shared_stream")
+        raise NotImplementedError(
+            f"{cls.__name__} declares a shared_stream_key but does not implement open_shared_stream"
+        )
 
     if TYPE_CHECKING:
-        # Declared for type checkers only. At run time the base class must not define
-        # it: both managers (acklane's and Airflow's) put a class in ack mode when a
-        # class of its MRO below the base defines it, and Airflow's walk does not stop
-        # at acklane's base, so a stub here would put every acklane trigger there.
+        # At run time the default is the metaclass's (_TriggerClass): found on every
+        # trigger class, in none of their __dict__s, so it puts no class in ack mode.
 
         @classmethod
         def create_shared_stream_producer(cls, kwargs: dict[str, Any]) -> SharedStreamProducer:
             """Ack mode: the producer that owns the broker connection for one group."""
             ...
+
+    else:
+
+        def __getattr__(self, name: str) -> Any:
+            # A trigger's own create_shared_stream_producer is found as on Airflow's base
+            # (only this name: any other miss is the usual AttributeError).
+            if name == "create_shared_stream_producer":
+                return getattr(type(self), name)
+            raise AttributeError(
+                f"{type(self).__name__!r} object has no attribute {name!r}", name=name, obj=self
+            )
 
     @classmethod
     def uses_ack_channel(cls) -> bool:
@@ -218,7 +252,10 @@ class BaseEventTrigger:
 
     async def filter_shared_stream(self, stream: AsyncIterator[Any]) -> AsyncIterator[TriggerEvent]:
         """Turn the broadcast raw stream into this trigger's events."""
-        raise NotImplementedError(f"{type(self).__qualname__} does not implement a filter")
+        raise NotImplementedError(
+            f"{type(self).__name__} declares a shared_stream_key but does not implement "
+            "filter_shared_stream"
+        )
         yield  # pragma: no cover - makes this an async generator
 
     def serialize(self) -> tuple[str, dict[str, Any]]:

@@ -87,7 +87,10 @@ class _Group:
         self._room: asyncio.Future[None] | None = None
         self._polling = True
         self._closing = False
-        self._poll_task: asyncio.Task[None] | None = None
+        # the group's task is in its poll (stop_polling cancels it there), and a
+        # cancellation stop_polling asked for is not yet absorbed
+        self._in_poll = False
+        self._stop_requested = False
         self._task: asyncio.Task[None] | None = None
 
     # -- membership
@@ -607,18 +610,22 @@ class _Group:
         task.add_done_callback(lambda _t: self.manager._closing.discard(self))
 
     async def _run(self) -> None:
-        """Build the producer, run poll, pump and sweep until closed, then clean up."""
+        """Build the producer, poll until stopped, advance until closed, then clean up.
+
+        As in Airflow's manager, the group's own task polls and the pump and the sweep
+        are its children: the first raw event is pulled in the step that built the
+        producer (one event-loop turn after ``subscribe``), and a rejected or acked
+        event is advanced as few turns after its broadcast as there.
+        """
         if self._closing:
             return  # closed or failed before it ever ran: never connect
         if not self._create_producer():
             return
         try:
             async with asyncio.TaskGroup() as tg:
-                self._poll_task = tg.create_task(self._guarded_poll())
                 if self.acking:
-                    sweep = tg.create_task(self._sweep())
-                    await self._pump()
-                    sweep.cancel()
+                    tg.create_task(self._advance_until_closed())
+                await self._guarded_poll()
         except Exception as exc:  # a bug in the engine or an observer: fail loudly
             log.exception("Shared stream group key=%r crashed", self.key)
             self.fail(exc)
@@ -626,6 +633,13 @@ class _Group:
             self.frozen = True
             await self._aclose_producer()
             self.manager._drop_bindings(self)
+
+    async def _advance_until_closed(self) -> None:
+        """The pump, with the sweep beside it until the pump is done."""
+        async with asyncio.TaskGroup() as tg:
+            sweep = tg.create_task(self._sweep())
+            await self._pump()
+            sweep.cancel()
 
     def _create_producer(self) -> bool:
         """Ack mode: build the producer from the founder's kwargs (False: the group failed)."""
@@ -640,19 +654,44 @@ class _Group:
         return True
 
     async def _guarded_poll(self) -> None:
-        """The poll, turning its end or its error into the group's failure."""
+        """The poll, turning its end or its error into the group's failure.
+
+        It runs in the group's task; :meth:`stop_polling` stops it by cancelling that
+        task while it polls, and only that cancellation is absorbed here (one from
+        outside, by :meth:`abort` or the task's owner, goes on).
+        """
         if not self._polling:
-            return  # stopped before the poll task first ran
+            return  # stopped before the group's task first ran
+        task = asyncio.current_task()
+        assert task is not None
+        self._in_poll = True
         try:
             await self._poll()
         except asyncio.CancelledError:
-            if self.error is None and self._polling:
-                raise  # cancelled from outside, not by stop()/fail()
+            if not self._stop_requested:
+                raise  # cancelled from outside, not by stop_polling()
+            self._stop_requested = False
+            if task.uncancel() > 0:
+                raise  # and from outside as well
         except Exception as exc:
+            self._in_poll = False  # over already: failing the group need not stop it
             self.fail(exc)
         finally:
+            self._in_poll = False
             self._polling = False
             self._pump_wake.set()
+        if self._stop_requested:
+            # stop_polling() was called from this task's own poll step, which then
+            # ended without awaiting again: its cancellation is still pending; take
+            # it here, where it is known to be ours.
+            self._stop_requested = False
+            try:
+                await asyncio.sleep(0)
+            except asyncio.CancelledError:
+                if task.uncancel() > 0:
+                    raise
+            else:
+                task.uncancel()  # swallowed on the way (by the producer): ours no more
 
     async def _aclose_producer(self) -> None:
         """Close the producer; a failure to is logged, never raised."""
@@ -688,8 +727,9 @@ class _Group:
         """Stop pulling upstream; resolutions and advances go on until :meth:`close`."""
         if self._polling:
             self._polling = False
-            task = self._poll_task
-            if task is not None and not task.done():
+            task = self._task
+            if self._in_poll and task is not None and not task.done():
+                self._stop_requested = True  # _guarded_poll absorbs this cancellation
                 task.cancel()
             self._pump_wake.set()
 

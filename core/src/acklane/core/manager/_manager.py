@@ -130,10 +130,11 @@ class SharedStreamManager:
     def _join(self, sub_key: tuple[str, Hashable], trigger: BaseEventTrigger) -> _Subscriber:
         """Check the subscription, find or start its group, and register the new member."""
         trigger_id, key = sub_key
+        # (Airflow's exception types and texts: its callers may match on them)
         if key is None:
-            raise ValueError(f"trigger {trigger_id}: a None shared stream key cannot be shared")
+            raise ValueError("shared stream key must not be None")
         if sub_key in self._subs:
-            raise RuntimeError(f"trigger {trigger_id} is already subscribed to {key!r}")
+            raise RuntimeError(f"Trigger {trigger_id} already subscribed to shared stream {key!r}")
         settings = _stream_settings(trigger)
         group = self._groups.get(key)
         if group is None:
