@@ -28,6 +28,7 @@ import logging
 import os
 import socket
 import uuid
+from bisect import bisect_left
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -80,10 +81,9 @@ class SinkStats:
     def observe_latency(self, seconds: float) -> None:
         self.latency_count += 1
         self.latency_sum += seconds
-        for i, bound in enumerate(LATENCY_BUCKETS):
-            if seconds <= bound:
-                self.latency_buckets[i] += 1
-                break
+        i = bisect_left(LATENCY_BUCKETS, seconds)
+        if i < len(LATENCY_BUCKETS):
+            self.latency_buckets[i] += 1
 
 
 class SinkWorker:
@@ -161,6 +161,8 @@ class SinkWorker:
                 except Exception as exc:
                     _raise_if_cancelling()
                     delay = next(pause)
+                    while isinstance(exc, ExceptionGroup) and len(exc.exceptions) == 1:
+                        exc = exc.exceptions[0]  # the round's own error, not its TaskGroup's
                     self.stats.problem = redact(f"{type(exc).__name__}: {exc}")
                     log.warning(
                         "sink %s: %s; retrying in %.1f s",
@@ -311,11 +313,12 @@ class SinkWorker:
                     _raise_if_cancelling()
                     for i in unsure:
                         results[i] = exc
-                    todo = [i for i in todo if i not in set(unsure)]
+                    skip = set(unsure)
+                    todo = [i for i in todo if i not in skip]
                 else:
-                    found = [i for i in unsure if items[i].delivery.event_id in have]
+                    found = {i for i in unsure if items[i].delivery.event_id in have}
                     self.stats.found_delivered += len(found)
-                    todo = [i for i in todo if i not in set(found)]
+                    todo = [i for i in todo if i not in found]
         if not todo:
             return results
         got = await self._deliver([items[i].delivery for i in todo])
@@ -350,12 +353,19 @@ class SinkWorker:
         cleared: list[int] = []
         failures: list[Failure] = []
         last_reason: str | None = None
+        observe = stats.observe_latency
         for item, result in zip(work, results, strict=True):
             if isinstance(result, _NotSent):
                 continue
             d = item.delivery
-            if not item.from_row:
-                cursor = max(cursor, d.store_id)
+            if not item.from_row and d.store_id > cursor:
+                cursor = d.store_id
+            if result is None:  # delivered: the common case, without a verdict object
+                delivered += 1
+                if item.from_row:
+                    cleared.append(d.store_id)
+                observe((now - d.created_at).total_seconds())
+                continue
             verdict = judge(
                 result,
                 attempts=item.attempts + 1,
