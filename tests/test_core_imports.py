@@ -36,6 +36,8 @@ CORE = Path(acklane.core.__file__).parent
 def _core_modules() -> list[str]:
     modules = []
     for path in sorted(CORE.rglob("*.py")):
+        if path.name == "__main__.py":
+            continue  # importing it runs the program (`python -m acklane.core.cli`)
         parts = ["acklane", "core", *path.relative_to(CORE).with_suffix("").parts]
         if parts[-1] == "__init__":
             parts.pop()

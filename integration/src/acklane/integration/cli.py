@@ -30,7 +30,16 @@ import yaml
 from rich.console import Console
 from rich.text import Text
 
-from .emulator import BACKEND_ENV, BROKERS, EmulatorError, choose_backend, emulator_for
+from .emulator import (
+    BACKEND_ENV,
+    EmulatorError,
+    brokers,
+    choose_backend,
+    emulator_for,
+    install_hint,
+    missing_requirements,
+    require_installed,
+)
 
 __all__ = ["FAST_KAFKA_CLIENT", "app", "example_environment", "main"]
 
@@ -337,18 +346,21 @@ def _group() -> None:
 
 @app.command("list")
 def list_brokers() -> None:
-    """The brokers that have an emulator, and the backend that would run them."""
+    """The brokers that have an emulator, the backend that would run them, and whether
+    what each needs is installed (else what to install)."""
     try:
         backend = choose_backend()
     except EmulatorError as exc:
         _fail(str(exc))
-    for broker in sorted(BROKERS):
-        typer.echo(f"{broker}\t{backend}")
+    for broker in brokers():
+        missing = missing_requirements(broker)
+        state = "ready" if not missing else f"needs {', '.join(missing)}: {install_hint(broker)}"
+        typer.echo(f"{broker}\t{backend}\t{state}")
 
 
 @app.command()
 def start(
-    broker: Annotated[str, typer.Argument(help=f"One of: {', '.join(sorted(BROKERS))}.")],
+    broker: Annotated[str, typer.Argument(help=f"One of: {', '.join(brokers())}.")],
     backend: Annotated[
         Backend | None,
         typer.Option(
@@ -406,8 +418,12 @@ def start(
     ] = 1,
 ) -> None:
     """Start BROKER's emulator, create what is asked, print its settings, run until Ctrl-C."""
-    if broker not in BROKERS:
-        _fail(f"no emulator for broker {broker!r} (known: {', '.join(sorted(BROKERS))})", 2)
+    if broker not in brokers():
+        _fail(f"no emulator for broker {broker!r} (known: {', '.join(brokers())})", 2)
+    try:
+        require_installed(broker)
+    except EmulatorError as exc:
+        _fail(str(exc))
     topics, queues = list(topic or ()), list(queue or ())
     if topics and broker not in _TOPICS:
         _fail(f"--topic is for {', '.join(_TOPICS)}, not {broker}", 2)

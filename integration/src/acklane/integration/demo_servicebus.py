@@ -17,12 +17,17 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from acklane.core.cli.demo import DemoBroker, DemoBrokerUnavailable
 
 from .emulator import EmulatorError, emulator_for
-from .servicebus import ServiceBusEmulator, ServiceBusKit
+
+if TYPE_CHECKING:
+    from .servicebus import ServiceBusEmulator
+
+# (the emulator's module imports python-qpid-proton: only once it is known installed,
+# so that `acklane demo` loads this class without the servicebus extra)
 
 __all__ = ["ServiceBusDemoBroker"]
 
@@ -44,6 +49,8 @@ class ServiceBusDemoBroker(DemoBroker):
             self.queue = self.emulator.create_queue(
                 "orders", lock_duration=5, max_delivery_count=10
             )
+            from .servicebus import ServiceBusKit
+
             self.kit = ServiceBusKit(self.emulator.connection_string)
         except BaseException:
             self.emulator.stop()
@@ -53,6 +60,8 @@ class ServiceBusDemoBroker(DemoBroker):
     def _start_emulator() -> ServiceBusEmulator:
         try:
             emulator = emulator_for("servicebus", "local")
+            from .servicebus import ServiceBusEmulator
+
             assert isinstance(emulator, ServiceBusEmulator)
             emulator.start()  # stops what it started when it fails
         except EmulatorError as exc:

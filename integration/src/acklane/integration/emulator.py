@@ -1,48 +1,149 @@
 """One interface for every broker emulator, whatever starts it.
 
-Each broker module (``kafka``, ``sqs``, ...) exposes two ``Emulator`` classes,
+Each broker's module (``kafka``, ``sqs``, ...) exposes two ``Emulator`` classes,
 ``LOCAL`` (a local process: used on machines without a Docker engine) and
 ``DOCKER`` (testcontainers with the broker's official image). The backend is
 chosen by ``ACKLANE_EMULATOR_BACKEND=local|docker``, else Docker when an engine
 answers, else local.
+
+The modules are found by entry point, as connectors, demos and commands are: the
+group ``acklane.emulators`` maps a broker name to its module, and names the extra
+of its distribution that brings what the emulator needs
+(``kafka = "acklane.integration.kafka [kafka]"``). An emulator whose extra is not
+installed is refused before anything is imported, with what to install.
 """
 
 from __future__ import annotations
 
-import importlib
 import os
 import socket
 import subprocess
 import tempfile
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from importlib.metadata import Distribution, EntryPoint, PackageNotFoundError, entry_points
+from importlib.metadata import distribution as installed_distribution
 from pathlib import Path
 from typing import Any, ClassVar, Self
+
+from packaging.requirements import InvalidRequirement, Requirement
 
 from acklane.core.errors import AcklaneError
 
 __all__ = [
     "BACKEND_ENV",
     "BROKERS",
+    "ENTRY_POINT_GROUP",
     "Emulator",
     "EmulatorError",
+    "brokers",
     "choose_backend",
     "docker_available",
     "emulator_for",
     "free_port",
+    "install_hint",
+    "missing_requirements",
+    "require_installed",
     "wait_for_port",
 ]
 
 BACKEND_ENV = "ACKLANE_EMULATOR_BACKEND"
 
-#: broker name -> module exposing ``LOCAL`` and ``DOCKER`` emulator classes.
-BROKERS: dict[str, str] = {
-    "kafka": "acklane.integration.kafka",
-    "sqs": "acklane.integration.sqs",
-    "servicebus": "acklane.integration.servicebus",
-    "pubsub": "acklane.integration.pubsub",
-}
+#: broker name -> the module exposing its ``LOCAL`` and ``DOCKER`` emulator classes.
+ENTRY_POINT_GROUP = "acklane.emulators"
+
+#: The distribution that registers acklane's own emulators (its extras are brokers').
+INTEGRATION = "acklane-integration"
+
+
+def _registered() -> dict[str, EntryPoint]:
+    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def brokers() -> list[str]:
+    """The brokers with a registered emulator, whether or not what it needs is installed."""
+    return sorted(_registered())
+
+
+#: broker name -> module exposing ``LOCAL`` and ``DOCKER`` (the entry points, read at import).
+BROKERS: dict[str, str] = {name: ep.module for name, ep in sorted(_registered().items())}
+
+
+def _entry_point(broker: str) -> EntryPoint:
+    ep = _registered().get(broker)
+    if ep is None:
+        known = ", ".join(brokers()) or "none"
+        raise EmulatorError(f"no emulator for broker {broker!r} (known: {known})")
+    return ep
+
+
+def missing_requirements(broker: str) -> list[str]:
+    """What ``broker``'s emulator needs and is not installed (empty: it can run).
+
+    Read from its distribution's metadata: the requirements of the extras its entry
+    point names, and of their own extras (``moto[server]``), each checked against
+    the installed distributions by name and version.
+    """
+    ep = _entry_point(broker)
+    if ep.dist is None or not ep.extras:
+        return []
+    return _unmet(ep.dist, set(ep.extras), set())
+
+
+def _unmet(dist: Distribution, extras: set[str], seen: set[str]) -> list[str]:
+    """The requirements of ``dist``'s ``extras`` (not its base ones) that are not met."""
+    out: list[str] = []
+    for text in dist.requires or ():
+        try:
+            req = Requirement(text)
+        except InvalidRequirement:
+            continue
+        marker = req.marker
+        if marker is None or marker.evaluate({"extra": ""}):
+            continue  # a base requirement: installed with the distribution itself
+        if not any(marker.evaluate({"extra": extra}) for extra in extras):
+            continue
+        extras_of = f"[{','.join(sorted(req.extras))}]" if req.extras else ""
+        wanted = f"{req.name}{extras_of}{req.specifier}"
+        try:
+            got = installed_distribution(req.name)
+        except PackageNotFoundError:
+            out.append(wanted)
+            continue
+        if not req.specifier.contains(got.version, prereleases=True):
+            out.append(f"{wanted} ({got.version} is installed)")
+            continue
+        key = f"{req.name.lower()}{sorted(req.extras)}"
+        if req.extras and key not in seen:
+            seen.add(key)
+            out += _unmet(got, set(req.extras), seen)
+    return out
+
+
+def install_hint(broker: str) -> str:
+    """The command that installs what ``broker``'s emulator needs."""
+    ep = _entry_point(broker)
+    dist = ep.dist.metadata["Name"] if ep.dist is not None else INTEGRATION
+    extras = f"[{','.join(ep.extras)}]" if ep.extras else ""
+    hint = f'pip install "{dist}{extras}"'
+    if dist == INTEGRATION:
+        hint += f' (with acklane: "acklane[{broker}-testing]")'
+    return hint
+
+
+def require_installed(broker: str) -> None:
+    """:class:`EmulatorError` naming what to install, if ``broker``'s emulator cannot run."""
+    missing = missing_requirements(broker)
+    if missing:
+        raise EmulatorError(
+            f"the {broker} emulator needs {_listed(missing)}, not installed: {install_hint(broker)}"
+        )
+
+
+def _listed(items: Iterable[str]) -> str:
+    items = list(items)
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
 
 
 class EmulatorError(AcklaneError, RuntimeError):
@@ -208,13 +309,14 @@ def choose_backend() -> str:
 
 
 def emulator_for(broker: str, backend: str | None = None, **options: Any) -> Emulator:
-    """An unstarted emulator of ``broker`` on the chosen backend."""
-    try:
-        module = importlib.import_module(BROKERS[broker])
-    except KeyError:
-        raise EmulatorError(
-            f"no emulator for broker {broker!r} (known: {', '.join(sorted(BROKERS))})"
-        ) from None
+    """An unstarted emulator of ``broker`` on the chosen backend.
+
+    :class:`EmulatorError` when no distribution registers one, or when what it needs
+    is not installed (saying what to install).
+    """
+    ep = _entry_point(broker)
+    require_installed(broker)
+    module = ep.load()
     backend = backend or choose_backend()
     cls: type[Emulator] = getattr(module, backend.upper())
     return cls(**options)

@@ -505,7 +505,12 @@ def demo(
     _setup_logging(log_level, LogLevel.WARNING)
     known = _demo_broker_names()
     if broker not in known:
-        _error(f"--broker {broker!r}: no such demo broker (known: {', '.join(known)})")
+        from .extras import SIBLING_DEMO_BROKERS, missing_demo_broker
+
+        if broker in SIBLING_DEMO_BROKERS:
+            _error(f"--broker {broker}: {missing_demo_broker(broker)}")
+        else:
+            _error(f"--broker {broker!r}: no such demo broker (known: {', '.join(known)})")
         raise typer.Exit(2)
     from .demo import UnknownDemoBroker, run_demo
 
@@ -525,6 +530,7 @@ def demo(
 
 def _add_subcommands() -> None:
     from .events import app as events_app
+    from .extras import SIBLING_COMMANDS
     from .publish import publish as publish_command
     from .sinks import app as sinks_app
     from .sinks import replay
@@ -536,16 +542,41 @@ def _add_subcommands() -> None:
     app.add_typer(store_app, name="store", help="Read and write the task and asset stores.")
     app.command("publish")(publish_command)
     # Other distributions add theirs (acklane-integration: `acklane emulator`).
+    added: set[str] = set()
     for ep in entry_points(group=COMMANDS_GROUP):
+        distribution = ep.dist.metadata["Name"] if ep.dist is not None else ep.value
         try:
             sub = ep.load()
         except Exception as exc:  # a broken plugin must not break `acklane run`
-            log.warning("acklane %s (%s) is unavailable: %s", ep.name, ep.value, exc)
+            log.debug("acklane %s (%s) is unavailable", ep.name, ep.value, exc_info=True)
+            _add_unavailable(ep.name, distribution, f"{type(exc).__name__}: {exc}")
+            added.add(ep.name)
             continue
         if isinstance(sub, typer.Typer):
             app.add_typer(sub, name=ep.name)
+            added.add(ep.name)
         else:
             log.warning("entry point %s of %s is not a typer.Typer", ep.name, COMMANDS_GROUP)
+    # acklane's own distributions' commands, when that distribution is not installed
+    for name, distribution in SIBLING_COMMANDS.items():
+        if name not in added:
+            _add_unavailable(name, distribution)
+
+
+def _add_unavailable(name: str, distribution: str, problem: str | None = None) -> None:
+    """``acklane NAME ...`` that says what to install (or what broke), not "No such command"."""
+    from .extras import missing_command
+
+    def unavailable(ctx: typer.Context) -> None:
+        _error(missing_command(name, distribution, problem, ctx.args))
+        raise typer.Exit(2)
+
+    unavailable.__doc__ = f"(not available) {missing_command(name, distribution, problem)}"
+    app.command(
+        name,
+        add_help_option=False,  # --help too says what to install
+        context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    )(unavailable)
 
 
 _add_subcommands()

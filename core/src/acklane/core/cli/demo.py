@@ -20,7 +20,9 @@ registers ``kafka``, a Kafka emulator, and ``pubsub`` and ``servicebus``, its ow
 emulators of those. ``auto`` tries the registered ones that offer themselves to it
 (:attr:`DemoBroker.auto_order`, lowest first, then by name: ``kafka`` only) and
 falls back to ``memory`` only when they raise :class:`DemoBrokerUnavailable`
-(nothing to run them here, e.g. no emulator binary); any other error surfaces.
+(nothing to run them here, e.g. no emulator binary, or its extra not installed)
+or when none is registered (no ``acklane-integration``), and it says why; any
+other error surfaces.
 """
 
 from __future__ import annotations
@@ -410,7 +412,13 @@ def open_demo_broker(name: str, console: Console) -> DemoBroker:
     """
     if name != AUTO:
         return _start(load_demo_broker(name), console)
-    candidates = [(name, load_demo_broker(name)) for name in sorted(_registered())]
+    candidates = []
+    for other in sorted(_registered()):
+        try:
+            candidates.append((other, load_demo_broker(other)))
+        except ImportError as exc:  # its distribution lacks what it imports
+            log.debug("demo broker %r cannot load", other, exc_info=True)
+            console.print(Text(f"cannot load the {other} demo broker: {exc}", style="yellow"))
     registered = sorted(
         ((cls.auto_order, name, cls) for name, cls in candidates if cls.auto_order is not None),
         key=lambda entry: (entry[0], entry[1]),
@@ -425,8 +433,14 @@ def open_demo_broker(name: str, console: Console) -> DemoBroker:
                     f"cannot start {cls.description} ({other}): {_first_line(exc)}", style="yellow"
                 )
             )
-    if registered:
-        console.print(Text(f"using {MemoryDemoBroker.description} instead", style="yellow"))
+    if not candidates:
+        from .extras import missing_demo_broker
+
+        console.print(Text(missing_demo_broker(), style="yellow"))
+    elif not registered:
+        names = ", ".join(name for name, _ in candidates)
+        console.print(Text(f"no demo broker offers itself to --broker auto ({names})"))
+    console.print(Text(f"using {MemoryDemoBroker.description} instead", style="yellow"))
     return MemoryDemoBroker()
 
 

@@ -285,7 +285,10 @@ class RedactingStream(io.TextIOBase):
             self.write(line)
 
     def flush(self) -> None:
-        self.target.flush()
+        # (also called by this stream's own close, at garbage collection: a target closed
+        # before it, as a test runner's capture is, has nothing left to flush)
+        if not self.target.closed:
+            self.target.flush()
 
     def isatty(self) -> bool:
         return self.target.isatty()
