@@ -30,7 +30,7 @@ from ._publish import OutgoingMessage, Publisher, PublishError, PublishNotSuppor
 from ._reachability import Reachability
 from ._registry import ENTRY_POINT_GROUP, UnknownConnector, available_connectors, load_connector
 from ._settle import SettleBuffer
-from ._tasks import ProducerTasks
+from ._tasks import ProducerTasks, finish_within
 from ._trigger import ConnectorTrigger
 from ._verdict import Verdict, verdict
 
@@ -62,6 +62,7 @@ __all__ = [
     "available_connectors",
     "beat_interval",
     "due",
+    "finish_within",
     "load_connector",
     "verdict",
 ]

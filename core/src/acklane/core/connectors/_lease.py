@@ -164,6 +164,78 @@ class LeaseParking(Generic[T]):
         taken = [lease for lease in lot.leases if self._until(lease) - now > margin]
         return taken, len(lot.leases) - len(taken), lot.note
 
+    async def take_over(
+        self,
+        key: tuple[Hashable, ...],
+        renew: Callable[[list[T]], Awaitable[list[T]]],
+        *,
+        margin: float,
+        what: str,
+        logger: logging.Logger,
+    ) -> tuple[list[T], object]:
+        """Take ``key``'s lot and renew its leases as a receive would have.
+
+        ``renew`` returns the leases it renewed (an error: none); each step is told
+        (``what`` starts the lines). Returns ``(the leases taken over, the lot's note)``.
+        """
+        taken, too_late, note = self.take(key, margin)
+        if too_late:
+            logger.info(
+                "%s: %d parked message(s) were held too long to take over; the broker "
+                "delivers them again",
+                what,
+                too_late,
+            )
+        if not taken:
+            return [], note
+        try:
+            kept = await renew(taken)
+        except Exception as exc:
+            logger.warning(
+                "%s: %d parked lease(s) could not be taken over (%s); the broker delivers "
+                "them again",
+                what,
+                len(taken),
+                exc,
+            )
+            return [], note
+        if kept:
+            logger.info(
+                "%s: took over %d message(s) left unresolved by the previous producer, "
+                "without a redelivery",
+                what,
+                len(kept),
+            )
+        return kept, note
+
+    async def keep(
+        self,
+        key: tuple[Hashable, ...],
+        leases: list[T],
+        hold: float,
+        extend: Callable[[list[T]], Awaitable[list[T]]],
+        *,
+        what: str,
+        logger: logging.Logger,
+    ) -> int:
+        """Extend ``leases`` for the ``hold`` and park those ``extend`` kept; told once.
+
+        Returns how many were parked.
+        """
+        if not leases:
+            return 0
+        parked = self.park(key, await extend(leases))
+        if parked:
+            logger.info(
+                "%s: kept the leases of %d unresolved message(s) for %ss (restart_lease_hold), "
+                "for the next producer of it in this process; otherwise the broker delivers "
+                "them again then",
+                what,
+                parked,
+                hold,
+            )
+        return parked
+
     def __contains__(self, key: object) -> bool:
         return key in self._lots
 

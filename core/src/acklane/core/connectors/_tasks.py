@@ -23,11 +23,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, TypeVar
 
 from ..errors import BrokerAuthError
 
-__all__ = ["ProducerTasks"]
+__all__ = ["ProducerTasks", "finish_within"]
+
+R = TypeVar("R")
 
 
 class ProducerTasks:
@@ -101,3 +103,24 @@ class ProducerTasks:
 
 def _text(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
+
+
+async def finish_within(task: asyncio.Future[R] | None, grace: float) -> R | None:
+    """What a call cut off by a stop returned, given ``grace`` seconds to answer.
+
+    A receive shielded from a stop still hands messages out when it completes;
+    a closing producer waits for it (briefly) to release them rather than leave
+    them leased to nobody. ``None``: no call, it failed, or it did not answer in
+    time (then it is cancelled, and what it received lapses by itself).
+    """
+    if task is None:
+        return None
+    if not task.done():
+        await asyncio.wait([task], timeout=grace)
+    if not task.done():
+        task.cancel()
+        await asyncio.wait([task])
+        return None
+    if task.cancelled() or task.exception() is not None:
+        return None
+    return task.result()
