@@ -140,6 +140,24 @@ class DeadLetterStep:
         #: Copies refused as too large (the original is kept, the group fails).
         self.refused = 0
 
+    def announce(self, settled: str, instead: str | None = None) -> None:
+        """Tell, at start, what becomes of rejects without a destination: ``instead``
+        (INFO: the broker's own dead-lettering), else settled (``settled``: the
+        broker's word) and dropped (WARNING)."""
+        if self.destination is not None:
+            return
+        if instead is not None:
+            self._log.info("%s %s: rejected messages are %s", self.broker, self.source, instead)
+            return
+        self._log.warning(
+            "%s %s has no dead-letter destination (%s, or the broker's own policy): "
+            "rejected messages will be %s and counted as dropped",
+            self.broker,
+            self.source,
+            self.setting,
+            settled,
+        )
+
     def drop(self, message_id: str, reason: str, *, why: str = "") -> None:
         """A reject settled without a copy: counted and told (WARNING)."""
         self.dropped += 1

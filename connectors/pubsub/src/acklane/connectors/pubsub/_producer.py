@@ -1,25 +1,15 @@
 """The Pub/Sub producer: pull, keep leases, and ack / nack / dead-letter as the engine says.
 
 Unary ``Pull`` / ``Acknowledge`` / ``ModifyAckDeadline`` on ``SubscriberAsyncClient``
-(never the streaming client's callback thread): the producer decides every lease.
-The machinery is the lease kit's (``acklane.core.connectors``); what is here is
-Pub/Sub's I/O.
-
-- Pulled messages are *outstanding* until the engine advances them; the lease
-  keeper extends their ack deadline (``ack_deadline`` seconds per beat), so only
-  the engine's ``ack_timeout`` decides that a watcher failed. ``max_outstanding``
-  bounds them: the poll waits while it is reached.
-- Clean: ``Acknowledge``, buffered (``advance_linger``).
-- Rejected: a copy to ``dead_letter_topic`` (origin and reason attributes), the
-  publish awaited, then the ack; without one, when the subscription has a
-  dead-letter policy, a nack (Pub/Sub dead-letters it after
-  ``max_delivery_attempts``); with neither, an ack counted as dropped.
-- Failed or unclaimed: ``ModifyAckDeadline`` 0 (or the ``redelivery_backoff``).
-- Ordering keys are ordered lanes (:class:`~acklane.core.connectors.OrderedLanes`):
-  a nack holds its key, and what of it was pulled before the nack landed is nacked too.
-- Close: leases of messages handed out and never resolved are parked for
-  ``restart_lease_hold`` seconds; the next producer of the subscription in this
-  process takes them over and yields them first (no redelivery, no attempt counted).
+(never the streaming client's callback thread). The lease kit of
+``acklane.core.connectors`` does the rest: pulled messages are outstanding until
+advanced, their ack deadline extended (``ack_deadline`` a beat) and bounded by
+``max_outstanding``; acks buffered (``advance_linger``); a reject copied to
+``dead_letter_topic`` then acked (none: nacked for the subscription's dead-letter
+policy, else acked and dropped); a failure nacked (``redelivery_backoff``); an
+ordering key an ordered lane, held by a nack; at close, leases of what was handed
+out and never resolved parked for ``restart_lease_hold`` seconds for the next
+producer of the subscription in this process. See ``docs/connectors/pubsub.md``.
 """
 
 from __future__ import annotations
@@ -29,45 +19,19 @@ import contextlib
 import logging
 import time
 from collections import defaultdict, deque
-from collections.abc import (
-    AsyncIterator,
-    Awaitable,
-    Hashable,
-    Iterable,
-    Mapping,
-    Sequence,
-)
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Hashable, Iterable, Mapping, Sequence
+from typing import Any
 
-from acklane.core.connectors import (
-    Action,
-    LaneEntry,
-    LeaseKeeper,
-    LeaseParking,
-    OrderedLanes,
-    ProducerTasks,
-    Reachability,
-    SettleBuffer,
-    beat_interval,
-    due,
-    finish_within,
-    verdict,
-)
-from acklane.core.connectors.deadletter import (
-    ORIGIN_MESSAGE_ID,
-    ORIGIN_PREFIX,
-    ORIGIN_QUEUE,
-    ORIGIN_TOPIC,
-    REJECT_REASON,
-    DeadLetterStep,
-    outcome_reason,
-)
-from acklane.core.errors import AdvanceError, BrokerUnreachable, ReceiveError
+from acklane.core import connectors as kit
+from acklane.core.connectors import Action, LaneEntry, LeaseParking, verdict
+from acklane.core.connectors.deadletter import DeadLetterStep, outcome_reason
+from acklane.core.errors import BrokerUnreachable, ReceiveError
 from acklane.core.producer import AdvanceItem, AdvanceOutcome, SharedStreamProducer
 
 from ._check import ERRORS, grpc_code
 from ._client import make_client
 from ._config import PubSubConfig
+from ._copies import DEAD_LETTER_ATTRIBUTES, ORIGIN_PUBLISH_TIME, dead_letter_copy
 from ._message import PubSubDelivery, PubSubMessage
 
 __all__ = [
@@ -80,25 +44,12 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: The publish time of the original message (RFC 3339), on a dead-letter copy.
-ORIGIN_PUBLISH_TIME = ORIGIN_PREFIX + "publish_time"
-#: The attributes acklane adds to a dead-letter copy.
-DEAD_LETTER_ATTRIBUTES = (
-    ORIGIN_TOPIC,
-    ORIGIN_QUEUE,
-    ORIGIN_MESSAGE_ID,
-    ORIGIN_PUBLISH_TIME,
-    REJECT_REASON,
-)
 #: Ack ids per Acknowledge / ModifyAckDeadline request.
 _ACK_CHUNK = 1000
-_T = TypeVar("_T")
 #: Seconds the subscription read at start waits for one answer (then tried again).
 _START_TIMEOUT = 30.0
 #: Where the client connects without an emulator or endpoint setting.
 _DEFAULT_ENDPOINT = "pubsub.googleapis.com:443"
-#: Pub/Sub's limit of attributes per message.
-_MAX_ATTRIBUTES = 100
 #: Assumed when the subscription cannot be read: the service's shortest ack deadline.
 _DEFAULT_SUBSCRIPTION_DEADLINE = 10
 #: Seconds a closing producer waits for a pull that the stop cut off.
@@ -133,11 +84,11 @@ class PubSubStreamProducer(SharedStreamProducer):
         self._closed = False
         self._outstanding: dict[str, PubSubDelivery] = {}
         self._room = asyncio.Event()
-        self._lanes: OrderedLanes[str] = OrderedLanes()
+        self._lanes: kit.OrderedLanes[str] = kit.OrderedLanes()
         self._what = f"Pub/Sub subscription {self.subscription}"
-        self._tasks = ProducerTasks(self._what, logger=log)
+        self._tasks = kit.ProducerTasks(self._what, logger=log)
         self._tasks.on_failure(lambda _: self._room.set())
-        self._acks: SettleBuffer[str, str] = SettleBuffer(
+        self._acks: kit.SettleBuffer[str, str] = kit.SettleBuffer(
             self._acknowledge, batch=_ACK_CHUNK, limit=10 * _ACK_CHUNK, linger=config.advance_linger
         )
         self._dead_letters = DeadLetterStep(
@@ -159,17 +110,13 @@ class PubSubStreamProducer(SharedStreamProducer):
         #: Ack ids pulled but not yet handed out by ``open_stream`` (the rest of a batch).
         self._unyielded: set[str] = set()
         # Whether the endpoint answers, told once per change (broker_problem, /readyz).
-        self._reachability = Reachability(
+        self._reachability = kit.Reachability(
             config.describe(), "Pub/Sub endpoint", config.where or _DEFAULT_ENDPOINT, logger=log
         )
 
     @property
     def dead_lettered(self) -> int:
         return self._dead_letters.dead_lettered
-
-    @property
-    def dropped(self) -> int:
-        return self._dead_letters.dropped
 
     # ------------------------------------------------------------------ start
 
@@ -204,23 +151,12 @@ class PubSubStreamProducer(SharedStreamProducer):
             policy = sub.dead_letter_policy
             self.has_dead_letter_policy = bool(policy and policy.dead_letter_topic)
             self.ordered = bool(sub.enable_message_ordering)
-        if self.config.dead_letter_topic is None:
-            if self.has_dead_letter_policy:
-                log.info(
-                    "Pub/Sub subscription %s: rejected messages are nacked, for its dead-letter "
-                    "policy to move them after max_delivery_attempts (no dead_letter_topic set)",
-                    self.subscription,
-                )
-            else:
-                log.warning(
-                    "Pub/Sub subscription %s has no dead-letter policy and no dead_letter_topic "
-                    "is configured: rejected messages will be acked and DROPPED",
-                    self.subscription,
-                )
+        policy = "nacked for its dead-letter policy to move them after max_delivery_attempts"
+        self._dead_letters.announce("acked", policy if self.has_dead_letter_policy else None)
         shortest = min(self.subscription_deadline, self.config.ack_deadline)
-        interval = beat_interval(shortest, self.config.heartbeat_interval)
-        keeper = LeaseKeeper(
-            self._extend_due, interval, transient=ERRORS.transient, describe=self._tasks.describe
+        interval = kit.beat_interval(shortest, self.config.heartbeat_interval)
+        keeper = kit.LeaseKeeper(
+            self._extend_due, interval, transient=ERRORS.transient, describe=self._what
         )
         self._tasks.spawn(keeper.run(), f"pubsub leases {self.subscription}")
         self._tasks.spawn(self._acks.run(), f"pubsub acks {self.subscription}")
@@ -416,27 +352,13 @@ class PubSubStreamProducer(SharedStreamProducer):
             return
         if self._publisher is None:
             self._publisher = make_client(self.config, "publisher")
-        from google.pubsub_v1 import types
-
-        message = delivery.message
-        ours = {
-            ORIGIN_TOPIC: self.topic or "-",
-            ORIGIN_QUEUE: self.subscription,
-            ORIGIN_MESSAGE_ID: delivery.message_id,
-            ORIGIN_PUBLISH_TIME: delivery.publish_stamp or "-",
-            REJECT_REASON: reason,
-        }
-        attributes = {k: v for k, v in message.attributes.items() if k not in ours}
         try:
-            if len(attributes) + len(ours) > _MAX_ATTRIBUTES:
-                raise AdvanceError(
-                    f"Pub/Sub message {delivery.message_id} on {self.subscription}: its "
-                    f"{len(attributes)} attributes and acklane's {len(ours)} exceed Pub/Sub's "
-                    f"{_MAX_ATTRIBUTES}; it cannot be dead-lettered to {topic} (it is not acked "
-                    "and comes again)"
-                )
-            copy = types.PubsubMessage(
-                data=message.body, attributes={**attributes, **ours}, ordering_key=message.key or ""
+            copy = dead_letter_copy(
+                delivery,
+                topic=self.topic,
+                subscription=self.subscription,
+                destination=topic,
+                reason=reason,
             )
             self.api_calls += 1
             with ERRORS.advancing(f"dead-lettering {delivery.message_id} to {topic}"):
@@ -468,7 +390,7 @@ class PubSubStreamProducer(SharedStreamProducer):
 
     async def _extend_due(self, interval: float) -> None:
         now = time.monotonic()
-        leases = due(self._outstanding.values(), lambda d: d.lease_until, now, interval)
+        leases = kit.due(self._outstanding.values(), lambda d: d.lease_until, now, interval)
         if not leases:
             return
         seconds = self.config.ack_deadline
@@ -499,7 +421,7 @@ class PubSubStreamProducer(SharedStreamProducer):
             ]
             parking = {d.ack_id for d in to_park}
             unresolved = [a for a in self._outstanding if a not in parking]
-            cut_off = await finish_within(self._pull_task, _PULL_GRACE)
+            cut_off = await kit.finish_within(self._pull_task, _PULL_GRACE)
             unresolved += [str(r.ack_id) for r in cut_off.received_messages] if cut_off else []
             self._outstanding.clear()
             try:
