@@ -1,4 +1,9 @@
-"""The Service Bus side of the ack channel: peek-lock receive, renew, settle."""
+"""The Service Bus side of the ack channel: peek-lock receive, renew, settle.
+
+The lease kit of ``acklane.core.connectors`` does the machinery (the tasks and
+their failure latch, the settle buffer, the lock keeper, the session holds); what
+is here is Service Bus's I/O.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +12,8 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncGenerator, Coroutine, Hashable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncGenerator, Hashable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -21,14 +26,15 @@ from azure.servicebus.exceptions import (
     SessionLockLostError,
 )
 
-from acklane.core.connectors import Action, Reachability, Verdict, verdict
+from acklane.core import connectors as kit
+from acklane.core.connectors import Action, LaneEntry, Verdict, verdict
 from acklane.core.connectors.deadletter import bounded_text, outcome_reason
-from acklane.core.errors import BrokerAuthError, ConnectorError
-from acklane.core.message import RawMessage
+from acklane.core.errors import AdvanceError, ReceiveError
 from acklane.core.producer import AdvanceItem, SharedStreamProducer
 
-from ._check import UNREACHABLE, auth_error
+from ._check import ERRORS, UNREACHABLE
 from ._config import ServiceBusConfig
+from ._message import ServiceBusDelivery, ServiceBusRecord
 
 __all__ = ["ServiceBusDelivery", "ServiceBusRecord", "ServiceBusStreamProducer"]
 
@@ -47,39 +53,8 @@ _QUICK = 0.001
 _ABANDON_BUDGET = 5.0
 
 
-class ServiceBusConnectorError(ConnectorError, RuntimeError):
+class ServiceBusConnectorError(ReceiveError):
     """The namespace or the entity cannot be used."""
-
-
-@dataclass(slots=True)
-class ServiceBusRecord(RawMessage):
-    """One received message, as filters see it: the raw record's fields.
-
-    ``attributes`` are the application properties as strings; ``key`` the session id;
-    ``message_id`` the sender's ``MessageId``; ``delivery_attempt`` the delivery count
-    (0 on the first delivery).
-    """
-
-    sequence_number: int = 0
-    enqueued_time: datetime | None = None
-    session_id: str | None = None
-    application_properties: Mapping[str, Any] = field(default_factory=dict)
-
-    @property
-    def delivery_count(self) -> int:
-        return self.delivery_attempt or 0
-
-
-@dataclass(slots=True, eq=False)
-class ServiceBusDelivery:
-    """The broker payload: the SDK message and the receiver that must settle it."""
-
-    message: Any
-    receiver: ServiceBusReceiver
-    identity: str
-    session_id: str | None
-    received_at: float
-    settled: bool = False
 
 
 @dataclass(slots=True, eq=False)
@@ -91,25 +66,6 @@ class _Settlement:
     reason: str = ""
 
 
-async def _shielded(work: Coroutine[Any, Any, None]) -> None:
-    """Run ``work`` to its end even if the caller is cancelled: settlements taken off
-    the queue are sent, never dropped half-way (``aclose`` waits for them)."""
-    task = asyncio.ensure_future(work)
-    task.add_done_callback(_retrieve)
-    await asyncio.shield(task)
-
-
-def _retrieve(task: asyncio.Future[None]) -> None:
-    if not task.cancelled():
-        task.exception()  # recorded by _fail; not "never retrieved" if nobody awaits it
-
-
-def _text(value: Any) -> str:
-    if isinstance(value, bytes):
-        return value.decode("utf-8", errors="replace")
-    return str(value)
-
-
 class ServiceBusStreamProducer(SharedStreamProducer):
     """One group's poll of one queue or subscription, with the async ``azure-servicebus`` SDK.
 
@@ -117,43 +73,39 @@ class ServiceBusStreamProducer(SharedStreamProducer):
     session), the message itself otherwise. Every outstanding message's lock (or
     its session's lock) is renewed until the engine resolves it.
 
-    Settlements are sent in the background: ``advance`` queues them and a flusher
-    task sends them concurrently, each on the receiver that received its message
-    (see ``flush``). A settlement that fails otherwise than by a lost lock fails
-    the group at the next ``advance`` or receive.
+    Settlements are sent in the background: ``advance`` queues them and the settle
+    buffer sends them, each on the receiver that received its message, receivers
+    concurrently. A settlement that fails otherwise than by a lost lock fails the
+    group at the next ``advance`` or receive.
     """
 
     def __init__(self, config: ServiceBusConfig) -> None:
         self.config = config
-        self.completed = 0
-        self.abandoned = 0
-        self.dead_lettered = 0
-        self.renewed = 0
-        self.lock_lost = 0
-        self.delivered = 0
+        self.completed = self.abandoned = self.dead_lettered = 0
+        self.renewed = self.lock_lost = self.delivered = 0
         self._client: ServiceBusClient | None = None
         self._outstanding: dict[int, ServiceBusDelivery] = {}
         self._receivers: set[ServiceBusReceiver] = set()
         #: Open session receivers, each with the event that lets its session go.
         self._sessions: dict[ServiceBusReceiver, asyncio.Event] = {}
-        self._tasks: list[asyncio.Task[None]] = []
         self._queue: asyncio.Queue[tuple[ServiceBusRecord, ServiceBusDelivery] | BaseException]
         self._queue = asyncio.Queue()
-        #: Settlements the engine decided, not yet sent, by the receiver that must send them.
-        self._to_settle: dict[ServiceBusReceiver, deque[_Settlement]] = {}
-        #: Settlements sent and not yet answered, by receiver (a session waits for its own).
-        self._settling: dict[ServiceBusReceiver, int] = {}
+        self._tasks = kit.ProducerTasks(config.describe(), logger=log)
+        self._tasks.on_failure(self._queue.put_nowait)  # the stream raises it at once
+        #: Settlements by the receiver that must send them, receivers concurrently.
+        self._settlements: kit.SettleBuffer[ServiceBusReceiver, _Settlement] = kit.SettleBuffer(
+            self._send, batch=_BUFFER_LIMIT, limit=_BUFFER_LIMIT, parallel=True
+        )
+        #: A session receiver behind a failed message is held: none of it is settled.
+        self._lanes: kit.OrderedLanes[ServiceBusReceiver] = kit.OrderedLanes()
         #: One user of a receiver's connection at a time: its receives and settlements.
         self._io: dict[ServiceBusReceiver, asyncio.Lock] = {}
         #: Receives in a row that returned all they asked for at once (_receive_count).
         self._streak: dict[ServiceBusReceiver, int] = {}
-        self._flush_wanted = asyncio.Event()
-        self._flusher_task: asyncio.Task[None] | None = None
-        self._failure: BaseException | None = None
         self._opened = False
         self._closed = False
         # Whether the namespace answers, told once per change (broker_problem, /readyz).
-        self._reachability = Reachability(
+        self._reachability = kit.Reachability(
             config.describe(), "Service Bus namespace", config.namespace, logger=log
         )
 
@@ -181,15 +133,16 @@ class ServiceBusStreamProducer(SharedStreamProducer):
             raise RuntimeError(f"{self.config.describe()}: open_stream() may be called once")
         self._opened = True
         self._client = self.config.make_client()
-        workers = self.config.max_sessions if self.config.sessions else 1
-        for n in range(workers):
-            self._tasks.append(
-                asyncio.create_task(self._receive_loop(), name=f"acklane servicebus receive {n}")
-            )
-        self._tasks.append(asyncio.create_task(self._renew_loop(), name="acklane servicebus renew"))
-        self._flusher_task = asyncio.create_task(
-            self._flush_loop(), name="acklane servicebus settle"
+        for n in range(self.config.max_sessions if self.config.sessions else 1):
+            self._tasks.spawn(self._receive_loop(), f"servicebus receive {n}")
+        keeper = kit.LeaseKeeper(
+            self._renew_due,
+            self._interval,
+            transient=ERRORS.transient,
+            describe=self._tasks.describe,
         )
+        self._tasks.spawn(keeper.run(), "servicebus renew")
+        self._tasks.spawn(self._settlements.run(), "servicebus settle")
         while True:
             item = await self._queue.get()
             if isinstance(item, BaseException):
@@ -201,39 +154,25 @@ class ServiceBusStreamProducer(SharedStreamProducer):
         try:
             if self.config.sessions:
                 while not self._stopping():
-                    try:
-                        await self._one_session()
-                    except UNREACHABLE as exc:
-                        await self._reachability.wait(exc)
-                        continue
-                    self._reachability.answered()
-            else:
-                # Closed by aclose, after its last settlements: not when this task ends.
-                receiver = self._receiver(session=False)
-                self._receivers.add(receiver)
-                while True:
-                    try:
-                        await receiver.__aenter__()
-                        break
-                    except UNREACHABLE as exc:
-                        await self._reachability.wait(exc)
-                while not self._stopping():
-                    try:
-                        await self._receive_batch(receiver, None)
-                    except UNREACHABLE as exc:
-                        # not the group's failure: the namespace comes back, the SDK
-                        # reconnects on the next receive
-                        await self._reachability.wait(exc)
-                        continue
-                    self._reachability.answered()
-        except asyncio.CancelledError:
-            raise
-        except BaseException as exc:
-            refused = auth_error(exc, f"receiving from {self.config.entity}")
-            if refused is not None:
-                refused.__cause__ = exc
-                exc = refused  # the runner stops on it, with one line
-            self._fail(exc)
+                    await self._until_reachable(self._one_session)
+                return
+            # Closed by aclose, after its last settlements: not when this task ends.
+            receiver = self._receiver(session=False)
+            self._receivers.add(receiver)
+            await self._reachability.until_answered(receiver.__aenter__, ERRORS.unreachable)
+            while not self._stopping():
+                # not the group's failure: the namespace comes back, the SDK reconnects
+                await self._until_reachable(lambda: self._receive_batch(receiver, None))
+        except Exception as exc:
+            raise ERRORS.map(exc, f"receiving from {self.config.entity}") from exc
+
+    async def _until_reachable(self, call: Any) -> None:
+        try:
+            await call()
+        except UNREACHABLE as exc:
+            await self._reachability.wait(exc)
+            return
+        self._reachability.answered()
 
     def _stopping(self) -> bool:
         """Whether a receive loop must end: ``aclose`` began, or its task was cancelled.
@@ -258,8 +197,7 @@ class ServiceBusStreamProducer(SharedStreamProducer):
         try:
             while not release.is_set() and not self._stopping():
                 got = await self._receive_or_release(receiver, session_id, release)
-                mine = self._holds(receiver)
-                if got or mine:
+                if got or self._holds(receiver):
                     idle_since = time.monotonic()
                 elif time.monotonic() - idle_since >= self.config.session_idle_timeout:
                     return  # idle and nothing outstanding: let the session go
@@ -276,7 +214,7 @@ class ServiceBusStreamProducer(SharedStreamProducer):
             # (closing the receiver would release it): a session let go behind a failed
             # message keeps its earlier messages completed, in order.
             with contextlib.suppress(Exception):
-                await self._settle_receiver(receiver)
+                await self._settlements.flush(receiver)
             self._sessions.pop(receiver, None)
             self._receivers.discard(receiver)
             # Not under a settlement in flight (the flusher's): it would fail half-way.
@@ -285,6 +223,7 @@ class ServiceBusStreamProducer(SharedStreamProducer):
                     await receiver.close()
             self._io.pop(receiver, None)
             self._streak.pop(receiver, None)
+            self._lanes.forget(receiver)
 
     async def _receive_or_release(
         self, receiver: ServiceBusReceiver, session_id: str | None, release: asyncio.Event
@@ -310,10 +249,8 @@ class ServiceBusStreamProducer(SharedStreamProducer):
 
     def _holds(self, receiver: ServiceBusReceiver) -> bool:
         """Whether messages of this receiver are outstanding or wait for settlement."""
-        return (
-            bool(self._to_settle.get(receiver))
-            or self._settling.get(receiver, 0) > 0
-            or any(d.receiver is receiver for d in self._outstanding.values())
+        return self._settlements.holds(receiver) or any(
+            d.receiver is receiver for d in self._outstanding.values()
         )
 
     def _io_lock(self, receiver: ServiceBusReceiver) -> asyncio.Lock:
@@ -331,8 +268,7 @@ class ServiceBusStreamProducer(SharedStreamProducer):
         return lock
 
     async def _receive_messages(self, receiver: ServiceBusReceiver) -> list[Any]:
-        # Settlements queued before the receive go first.
-        await self._settle_receiver(receiver)
+        await self._settlements.flush(receiver)  # settlements queued before go first
         count = self._receive_count(receiver)
         async with self._io_lock(receiver):
             started = time.monotonic()
@@ -361,20 +297,19 @@ class ServiceBusStreamProducer(SharedStreamProducer):
         """``max_wait_time``, cut short while this receiver has messages the engine holds:
         their settlements should not wait behind a long empty receive."""
         wait = self.config.max_wait_time
-        if self._holds(receiver):
-            return min(wait, _BUSY_WAIT)
-        return wait
+        return min(wait, _BUSY_WAIT) if self._holds(receiver) else wait
 
     def _hand_on(
         self, receiver: ServiceBusReceiver, session_id: str | None, messages: list[Any]
     ) -> int:
         now = time.monotonic()
+        entity = self.config.entity
         for message in messages:
             delivery = ServiceBusDelivery(
                 message, receiver, self._identity(message), session_id, now
             )
             self._outstanding[id(delivery)] = delivery
-            self._queue.put_nowait((self._record(message), delivery))
+            self._queue.put_nowait((ServiceBusRecord.from_received(entity, message), delivery))
         return len(messages)
 
     def _identity(self, message: Any) -> str:
@@ -383,27 +318,6 @@ class ServiceBusStreamProducer(SharedStreamProducer):
         return (
             f"servicebus:{self.config.namespace}/{self.config.entity.lower()}/"
             f"{message.sequence_number}@{stamp}"
-        )
-
-    def _record(self, message: Any) -> ServiceBusRecord:
-        props = {_text(k): v for k, v in (message.application_properties or {}).items()}
-        return ServiceBusRecord(
-            body=b"".join(
-                part if isinstance(part, bytes) else str(part).encode() for part in message.body
-            )
-            if not isinstance(message.body, bytes | str)
-            else (message.body if isinstance(message.body, bytes) else message.body.encode()),
-            attributes={k: _text(v) for k, v in props.items()},
-            key=message.session_id,
-            message_id=None if message.message_id is None else str(message.message_id),
-            publish_time=message.enqueued_time_utc,
-            delivery_attempt=message.delivery_count or 0,
-            source=self.config.entity,
-            native=message,
-            sequence_number=int(message.sequence_number or 0),
-            enqueued_time=message.enqueued_time_utc,
-            session_id=message.session_id,
-            application_properties=props,
         )
 
     def get_advance_lane(self, broker_payload: Any) -> Hashable:
@@ -436,98 +350,56 @@ class ServiceBusStreamProducer(SharedStreamProducer):
     # ----------------------------------------------------------------- advance
 
     async def advance(self, batch: Sequence[AdvanceItem]) -> None:
-        """Queue each resolved message's settlement; the flusher sends them."""
-        self._raise_failure()
+        """Queue each resolved message's settlement; the settle buffer sends them."""
+        self._tasks.raise_failure()
+        entries = []
         for item in batch:
             delivery: ServiceBusDelivery = item.broker_payload
             self._outstanding.pop(id(delivery), None)
-            if delivery.settled:
-                continue
-            judged = verdict(item.outcome)
-            if judged is Verdict.REDELIVER and delivery.session_id is not None:
+            if not delivery.settled:  # else let go with its session, or abandoned at close
+                lane = delivery.receiver if delivery.session_id is not None else None
+                entries.append(LaneEntry(lane, 0, verdict(item.outcome), item))
+        held = {id(item) for item in self._lanes.plan(entries).held}
+        for _, _, judged, item in entries:  # in their order: one receiver settles in order
+            delivery = item.broker_payload
+            if id(item) in held:  # behind a failed message of its session: released with it
+                delivery.settled = True
+                self.abandoned += 1
+            elif judged is Verdict.REDELIVER and delivery.session_id is not None:
                 self._let_session_go(delivery)
-                continue
-            delivery.settled = True
-            reason = outcome_reason(item.outcome) if judged is Verdict.DEAD_LETTER else ""
-            queue = self._to_settle.get(delivery.receiver)
-            if queue is None:
-                queue = self._to_settle[delivery.receiver] = deque()
-            queue.append(_Settlement(delivery, judged, reason))
-        queued = sum(len(q) for q in self._to_settle.values())
-        if queued >= _BUFFER_LIMIT:
-            await self.flush()  # the flusher fell behind: push back on the engine
-        elif queued:
-            self._flush_wanted.set()
+            else:
+                delivery.settled = True
+                reason = outcome_reason(item.outcome) if judged is Verdict.DEAD_LETTER else ""
+                self._settlements.add(delivery.receiver, _Settlement(delivery, judged, reason))
+        await self._settlements.settle_soon()
 
     # ------------------------------------------------------------------ settle
-
-    async def _flush_loop(self) -> None:
-        while True:
-            await self._flush_wanted.wait()
-            self._flush_wanted.clear()
-            with contextlib.suppress(Exception):  # recorded by _fail: the group fails
-                await self.flush()
 
     async def flush(self) -> None:
         """Send every queued settlement; return once Service Bus answered them all.
 
         Raises the first failure other than a lost lock (the group fails).
         """
-        await _shielded(self._flush_now())
+        await self._settlements.flush()
 
-    async def _flush_now(self) -> None:
-        while True:
-            # Receivers with settlements queued, or in flight (sent by another task:
-            # waiting for the receiver's lock waits for their answers).
-            receivers = [r for r, q in self._to_settle.items() if q]
-            receivers += [r for r in self._settling if r not in receivers]
-            if not receivers:
-                return
-            results = await asyncio.gather(
-                *(self._settle_receiver_now(r) for r in receivers), return_exceptions=True
-            )
-            for result in results:
-                if isinstance(result, BaseException):
-                    raise result
-            if not any(self._to_settle.values()):
-                return
-
-    async def _settle_receiver(self, receiver: ServiceBusReceiver) -> None:
-        """Send this receiver's queued settlements now (before it receives or closes);
-        return once those in flight were answered too."""
-        if self._to_settle.get(receiver) or self._settling.get(receiver):
-            await _shielded(self._settle_receiver_now(receiver))
-
-    async def _settle_receiver_now(self, receiver: ServiceBusReceiver) -> None:
-        """Send ``receiver``'s queued settlements one after the other, in their order.
+    async def _send(self, receiver: ServiceBusReceiver, queue: deque[_Settlement]) -> None:
+        """Send ``receiver``'s settlements one after the other, in their order.
 
         One at a time, each read of the connection waits for the answer just asked
         for: concurrent settlements would make the SDK read past the last answer and
-        hold the connection for its socket timeout. Stops at the first failure other
-        than a lost lock, which fails the group; the settlements not sent yet stay
-        queued (``aclose`` tries them once more).
+        hold the connection for its socket timeout. A failure other than a lost lock
+        fails the group; the settlements not sent yet stay queued (``aclose`` tries
+        them once more).
         """
         async with self._io_lock(receiver):
-            queue = self._to_settle.pop(receiver, None)
-            if not queue:
-                return
-            self._settling[receiver] = len(queue)
-            try:
-                while queue:
+            while queue:
+                try:
                     await self._settle(queue[0])
-                    queue.popleft()
-                    self._settling[receiver] -= 1
-            except Exception as exc:
-                queue.popleft()  # not settled: it comes back (its lock lapses)
-                if queue:
-                    later = self._to_settle.get(receiver)
-                    if later:
-                        queue.extend(later)
-                    self._to_settle[receiver] = queue
-                self._fail(exc)
-                raise
-            finally:
-                del self._settling[receiver]
+                except Exception as exc:
+                    mapped = ERRORS.map(exc, f"settling {queue[0].delivery.identity}", AdvanceError)
+                    self._tasks.fail(mapped)
+                    raise mapped from exc
+                queue.popleft()
 
     async def _settle(self, settlement: _Settlement) -> None:
         delivery = settlement.delivery
@@ -572,20 +444,6 @@ class ServiceBusStreamProducer(SharedStreamProducer):
             why,
         )
 
-    def _fail(self, exc: BaseException) -> None:
-        """Fail the group: at the next advance, and at the stream's next receive."""
-        if self._failure is None:
-            self._failure = exc
-            if isinstance(exc, BrokerAuthError):  # the runner tells it, and stops
-                log.debug("%s: %r; the group will fail", self.config.describe(), exc)
-            else:
-                log.error("%s: %r; the group will fail", self.config.describe(), exc)
-            self._queue.put_nowait(exc)
-
-    def _raise_failure(self) -> None:
-        if self._failure is not None:
-            raise self._failure
-
     def _let_session_go(self, failed: ServiceBusDelivery) -> None:
         """A session's message must come again: its session receiver lets the session go.
 
@@ -615,18 +473,10 @@ class ServiceBusStreamProducer(SharedStreamProducer):
 
     # ------------------------------------------------------------------- renew
 
-    async def _renew_loop(self) -> None:
-        while True:
-            interval = self.config.renew_interval or self._default_interval()
-            await asyncio.sleep(interval)
-            try:
-                await self._renew_due(2 * interval)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.warning("%s: lock renewal failed (%r); retrying", self.config.describe(), exc)
-
-    def _default_interval(self) -> float:
+    def _interval(self) -> float:
+        """``renew_interval``, else a beat for the shortest lock held (read each beat)."""
+        if self.config.renew_interval:
+            return self.config.renew_interval
         now = datetime.now(UTC)
         left: list[float] = [
             (d.message.locked_until_utc - now).total_seconds()
@@ -638,12 +488,9 @@ class ServiceBusStreamProducer(SharedStreamProducer):
             for r in list(self._sessions)
             if r.session is not None and r.session.locked_until_utc is not None
         ]
-        if not left:
-            return 1.0
-        shortest: float = min(left)
-        return max(min(max(shortest, 0.4) / 4, 5.0), 0.1)
+        return min(kit.beat_interval(max(min(left), 0.4)), 5.0) if left else 1.0
 
-    async def _renew_due(self, horizon: float) -> None:
+    async def _renew_due(self, interval: float) -> None:
         now = datetime.now(UTC)
         overdue: set[int] = set()  # sessions holding a message past max_lock_renewal
         for key, delivery in list(self._outstanding.items()):
@@ -652,11 +499,8 @@ class ServiceBusStreamProducer(SharedStreamProducer):
             if time.monotonic() - delivery.received_at > self.config.max_lock_renewal:
                 overdue.add(id(delivery.receiver))
                 continue
-            if delivery.session_id is not None:
-                continue  # its session's lock is its lock: renewed below
-            until = delivery.message.locked_until_utc
-            if until is not None and (until - now).total_seconds() > horizon:
-                continue
+            if delivery.session_id is not None or not _due(delivery.message, now, interval):
+                continue  # a session's lock is its messages' lock: renewed below
             try:
                 await delivery.receiver.renew_message_lock(delivery.message)
                 self.renewed += 1
@@ -667,12 +511,10 @@ class ServiceBusStreamProducer(SharedStreamProducer):
         for receiver, release in list(self._sessions.items()):  # every session held
             if release.is_set() or id(receiver) in overdue:
                 continue  # being let go, or renewed long enough
-            session = receiver.session
-            until = session.locked_until_utc
-            if until is not None and (until - now).total_seconds() > horizon:
+            if not _due(receiver.session, now, interval):
                 continue
             try:
-                await session.renew_lock()
+                await receiver.session.renew_lock()
                 self.renewed += 1
             except _LOCK_LOST:
                 self.lock_lost += 1
@@ -733,16 +575,9 @@ class ServiceBusStreamProducer(SharedStreamProducer):
         if self._closed:
             return
         self._closed = True
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(BaseException):
-                await task
-        if self._flusher_task is not None:
-            # A flush in flight goes on (shielded); the flush below waits for it.
-            self._flusher_task.cancel()
-            with contextlib.suppress(BaseException):
-                await self._flusher_task
+        # The flusher first (a flush in flight goes on, shielded), then the renewal,
+        # then the receive loops; the flush below waits for what is in flight.
+        await self._tasks.aclose()
         try:
             async with asyncio.timeout(30):
                 await self.flush()
@@ -763,3 +598,9 @@ class ServiceBusStreamProducer(SharedStreamProducer):
             with contextlib.suppress(Exception):
                 await self._client.close()
         self._client = None
+
+
+def _due(locked: Any, now: datetime, interval: float) -> bool:
+    """Whether a message's or a session's lock lapses within two beats (or is unknown)."""
+    until = locked.locked_until_utc
+    return until is None or (until - now).total_seconds() <= 2 * interval
