@@ -116,7 +116,9 @@ class DeadLetterStep:
 
     ``broker`` and ``source`` start every line (``"SQS"``, the queue URL);
     ``destination`` is where copies go (``None``: nowhere, rejects are dropped);
-    ``setting`` is the field that names it (``dead_letter_queue_url``).
+    ``setting`` is the field that names it (``dead_letter_queue_url``). A connector
+    whose callers catch its own error classes passes them as ``refused_error`` and
+    ``failed_error``.
     """
 
     def __init__(
@@ -127,7 +129,11 @@ class DeadLetterStep:
         setting: str,
         *,
         logger: logging.Logger | None = None,
+        refused_error: type[DeadLetterRefused] = DeadLetterRefused,
+        failed_error: type[AdvanceError] = AdvanceError,
     ) -> None:
+        self._refused_error = refused_error
+        self._failed_error = failed_error
         self.broker = broker
         self.source = source
         self.destination = destination
@@ -207,11 +213,11 @@ class DeadLetterStep:
             f"{f': {kept}' if kept else ''}; it fails its group each time it is rejected"
         )
         self._log.error("%s", text)
-        return DeadLetterRefused(text, settings=tuple(raise_))
+        return self._refused_error(text, settings=tuple(raise_))
 
     def failed(self, message_id: str, why: str) -> AdvanceError:
         """A copy that did not land for another reason: the error to raise."""
-        return AdvanceError(
+        return self._failed_error(
             f"{self.broker} dead-letter destination {self.destination}: the copy of rejected "
             f"message {message_id} from {self.source} was not sent: {why}; it was not settled"
         )
