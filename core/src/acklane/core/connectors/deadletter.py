@@ -203,7 +203,6 @@ class DeadLetterStep:
         ``raise_`` names the limits to raise (settings, or the destination's own);
         ``said`` is what the broker answered; ``kept`` what becomes of the original.
         """
-        self.refused += 1
         most = f"at most {limit} bytes" if limit is not None else "less"
         text = (
             f"{self.broker} dead-letter destination {self.destination} cannot take the copy "
@@ -212,8 +211,13 @@ class DeadLetterStep:
             f"{' and/or '.join(raise_)}. The message is not settled"
             f"{f': {kept}' if kept else ''}; it fails its group each time it is rejected"
         )
+        return self.refuse(text, settings=raise_)
+
+    def refuse(self, text: str, *, settings: Sequence[str] = (), count: int = 1) -> DeadLetterRefused:
+        """``count`` copies refused for their size, in the connector's own words (ERROR)."""
+        self.refused += count
         self._log.error("%s", text)
-        return self._refused_error(text, settings=tuple(raise_))
+        return self._refused_error(text, settings=tuple(settings))
 
     def failed(self, message_id: str, why: str) -> AdvanceError:
         """A copy that did not land for another reason: the error to raise."""
