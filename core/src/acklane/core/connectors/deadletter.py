@@ -213,7 +213,9 @@ class DeadLetterStep:
         )
         return self.refuse(text, settings=raise_)
 
-    def refuse(self, text: str, *, settings: Sequence[str] = (), count: int = 1) -> DeadLetterRefused:
+    def refuse(
+        self, text: str, *, settings: Sequence[str] = (), count: int = 1
+    ) -> DeadLetterRefused:
         """``count`` copies refused for their size, in the connector's own words (ERROR)."""
         self.refused += count
         self._log.error("%s", text)

@@ -1,14 +1,18 @@
-"""The entries of SQS's ``*Batch`` calls, and what their failures say.
+"""The entries of SQS's ``*Batch`` calls, what their failures say, and the calls.
 
-Pure shapes, no I/O: the limits of a batch (10 entries, 256 KiB), the dead-letter
+The shapes: the limits of a batch (10 entries, 256 KiB), the dead-letter
 copy of a rejected message (its body and attributes, acklane's origin and reason,
 the originals packed into one attribute past SQS's 10), the reason cut to fit a
 dead-letter queue's ``MaximumMessageSize``, and how to read a ``Failed`` entry
-(a receipt that vanished, a refusal for size and the limit it names).
+(a receipt that vanished, a refusal for size and the limit it names). The
+calls: a ``*Batch`` operation with the entries SQS says may succeed later tried
+again (:func:`run_batch`), and the dead-letter copies sent one by one when one
+too large refuses the whole batch (:func:`send_copies`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import re
@@ -41,6 +45,8 @@ __all__ = [
     "is_size_refusal",
     "is_vanished",
     "limit_in",
+    "run_batch",
+    "send_copies",
 ]
 
 #: Attributes added to a dead-lettered copy: where it came from and why.
@@ -210,3 +216,51 @@ def _packable(attributes: dict[str, dict[str, Any]]) -> dict[str, dict[str, str]
             entry["StringValue"] = str(value.get("StringValue", ""))
         packed[name] = entry
     return packed
+
+
+async def run_batch(
+    client: Any, operation: str, queue_url: str | None, entries: list[dict[str, Any]], attempts: int
+) -> dict[str, dict[str, Any]]:
+    """Call a ``*Batch`` operation, retrying entries SQS says may succeed later.
+
+    Returns the entries that finally failed, by entry id.
+    """
+    remaining = {entry["Id"]: entry for entry in entries}
+    failed: dict[str, dict[str, Any]] = {}
+    for attempt in range(1, attempts + 1):
+        response = await getattr(client, operation)(
+            QueueUrl=queue_url, Entries=list(remaining.values())
+        )
+        retry: dict[str, dict[str, Any]] = {}
+        for failure in response.get("Failed", ()):
+            entry_id = failure["Id"]
+            if failure.get("SenderFault") or is_vanished(failure) or attempt == attempts:
+                failed[entry_id] = failure
+            else:
+                retry[entry_id] = remaining[entry_id]
+        if not retry:
+            break
+        remaining = retry
+        await asyncio.sleep(min(0.05 * 2**attempt, 2.0))
+    return failed
+
+
+async def send_copies(
+    client: Any, dlq: str, entries: list[dict[str, Any]], attempts: int
+) -> dict[str, Any]:
+    """SendMessageBatch; returns the failed entries by index, whatever went wrong."""
+    batch = [{**entry, "Id": str(i)} for i, entry in enumerate(entries)]
+    try:
+        return await run_batch(client, "send_message_batch", dlq, batch, attempts)
+    except Exception as exc:
+        failure = failure_of(exc)
+        if len(entries) > 1 and is_size_refusal(failure):
+            # One entry too large refuses the whole call on some endpoints: send
+            # them one by one, so that only the culprits stay behind.
+            failures: dict[str, Any] = {}
+            for i, entry in enumerate(entries):
+                alone = await send_copies(client, dlq, [entry], attempts)
+                if "0" in alone:
+                    failures[str(i)] = alone["0"]
+            return failures
+        return {entry["Id"]: failure for entry in batch}

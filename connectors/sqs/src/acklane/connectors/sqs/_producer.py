@@ -9,7 +9,6 @@ FIFO groups' holds, the dead-letter step); what is here is SQS's I/O, and
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
 import time
@@ -20,17 +19,13 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any
 
-import aioboto3
-from aiobotocore.config import AioConfig
-from botocore.exceptions import ClientError
-
 from acklane.core import connectors as kit
 from acklane.core.connectors import Action, LaneEntry, LeaseParking, Verdict, verdict
 from acklane.core.connectors.deadletter import DeadLetterStep, outcome_reason
 from acklane.core.errors import AdvanceError, BrokerUnreachable, DeadLetterRefused, ReceiveError
 from acklane.core.producer import AdvanceItem, SharedStreamProducer
 
-from ._check import ERRORS, error_code, reveal
+from ._check import ERRORS
 from ._config import MAX_VISIBILITY_TIMEOUT, SqsConfig
 from ._entries import (
     BATCH,
@@ -42,14 +37,15 @@ from ._entries import (
     code_of,
     dead_letter_entry,
     entry_bytes,
-    failure_of,
     fit_reason,
-    int_or_none,
     is_size_refusal,
     is_vanished,
     limit_in,
+    run_batch,
+    send_copies,
 )
 from ._message import SqsDelivery, SqsMessage
+from ._queue import open_client, read_queue
 
 __all__ = [
     "DEAD_LETTER_ATTRIBUTES",
@@ -124,11 +120,8 @@ class SqsStreamProducer(SharedStreamProducer):
         self._session = session
         #: SQS HTTP requests sent, by operation (retries included): what AWS bills.
         self.api_calls: Counter[str] = Counter()
-        self.deleted = self.released = self.extended = 0
-        #: Unresolved messages whose lease this producer kept for the next one at close.
-        self.parked = 0
-        #: Parked messages this producer took over from a previous one.
-        self.taken_over = 0
+        # parked: leases kept for the next producer at close; taken_over: from the last
+        self.deleted = self.released = self.extended = self.parked = self.taken_over = 0
         self.queue_url: str | None = None
         self.queue_arn: str | None = None
         self.dead_letter_queue_url: str | None = None
@@ -136,9 +129,7 @@ class SqsStreamProducer(SharedStreamProducer):
         self.max_message_size: int | None = None
         self.dead_letter_max_size: int | None = None
         self.is_fifo = config.is_fifo_name
-        self.visibility_timeout = (
-            30 if config.visibility_timeout is None else config.visibility_timeout
-        )
+        self.visibility_timeout = config.visibility_timeout or 30
         self._stack = AsyncExitStack()
         self._client: Any = None
         self._identity = ""  # the queue's ARN (else URL): prefixes message_id()
@@ -153,14 +144,9 @@ class SqsStreamProducer(SharedStreamProducer):
             self._send, batch=BATCH, limit=_BUFFER_LIMIT, linger=self._linger, order=_ACTIONS
         )
         self._dead_letters = DeadLetterStep(
-            "SQS",
-            config.describe(),
-            config.dead_letter_queue_url,
-            "dead_letter_queue_url",
-            logger=log,
-            refused_error=_Refused,
-            failed_error=SqsAdvanceError,
-        )
+            "SQS", config.describe(), None, "dead_letter_queue_url", logger=log,
+            refused_error=_Refused, failed_error=SqsAdvanceError,
+        )  # fmt: skip
         self._visibility_lock = asyncio.Lock()  # orders releases after heartbeat extensions
         #: The ReceiveMessage call in flight (its own task, so a stop cannot cut it off).
         self._receive_task: asyncio.Task[list[SqsDelivery]] | None = None
@@ -176,19 +162,11 @@ class SqsStreamProducer(SharedStreamProducer):
             config.describe(), "SQS endpoint", config.endpoint_url or "AWS", logger=log
         )
 
-    @property
-    def dropped(self) -> int:
-        """Rejected messages deleted without a copy, because no dead-letter queue exists."""
-        return self._dead_letters.dropped
-
-    @property
-    def dead_lettered(self) -> int:
-        return self._dead_letters.dead_lettered
-
-    @property
-    def dead_letter_refused(self) -> int:
-        """Dead-letter copies refused for their size (the original is kept, the group fails)."""
-        return self._dead_letters.refused
+    # The dead-letter step's counts: rejects deleted without a copy (no dead-letter
+    # queue), copied, and copies refused for their size (the original kept).
+    dropped = property(lambda self: self._dead_letters.dropped)
+    dead_lettered = property(lambda self: self._dead_letters.dead_lettered)
+    dead_letter_refused = property(lambda self: self._dead_letters.refused)
 
     # ------------------------------------------------------------------ stream
 
@@ -228,169 +206,21 @@ class SqsStreamProducer(SharedStreamProducer):
 
     async def _start(self) -> None:
         cfg = self.config
-        session = self._session or aioboto3.Session(
-            profile_name=cfg.profile,
-            aws_access_key_id=reveal(cfg.aws_access_key_id),
-            aws_secret_access_key=reveal(cfg.aws_secret_access_key),
-            aws_session_token=reveal(cfg.aws_session_token),
-            region_name=cfg.region,
-        )
-        client_config = AioConfig(
-            read_timeout=cfg.wait_time_seconds + 15,
-            connect_timeout=10,
-            retries={"mode": "standard", "max_attempts": 5},
-            max_pool_connections=10,
-        )
-        # Creating a client reads botocore's JSON models (~100 ms of blocking file and
-        # parse work): read them on a thread first, so the loop only finds them cached.
-        await asyncio.to_thread(_load_models, session)
-        try:
-            self._client = await self._stack.enter_async_context(
-                session.client(
-                    "sqs",
-                    region_name=cfg.region,
-                    endpoint_url=cfg.endpoint_url,
-                    config=client_config,
-                )
-            )
-        except Exception as exc:
-            raise SqsConnectorError(
-                f"{cfg.describe()}: cannot create the SQS client: {exc}"
-            ) from exc
+        self._client = await open_client(self._session, cfg, self._stack, error=SqsConnectorError)
         self._client.meta.events.register("before-send.sqs", self._count_request)
         self._reachability.where = str(self._client.meta.endpoint_url)
-
-        attributes = await self._reachability.until_answered(self._locate, ERRORS.unreachable)
-        assert self.queue_url is not None
-        self.queue_arn = attributes.get("QueueArn")
+        queue = await read_queue(self._client, cfg, self._reachability, error=SqsConnectorError)
+        self.queue_url, self.queue_arn, self.is_fifo = queue.url, queue.arn, queue.fifo
+        self.visibility_timeout = queue.visibility_timeout
+        self.max_message_size = queue.max_message_size
+        self.dead_letter_queue_url = queue.dead_letter_url
+        self.dead_letter_max_size = queue.dead_letter_max_size
         self._identity = self.queue_arn or self.queue_url
         self._lot_key = (*cfg.stream_key(), self.queue_url)
         self._what = f"SQS queue {self.queue_url}"
-        self.max_message_size = int_or_none(attributes.get("MaximumMessageSize"))
-        self.is_fifo = attributes.get("FifoQueue") == "true" or self.queue_url.endswith(".fifo")
-        if cfg.visibility_timeout is not None:
-            self.visibility_timeout = cfg.visibility_timeout
-        else:
-            self.visibility_timeout = int(attributes.get("VisibilityTimeout", "30"))
-        self.dead_letter_queue_url = cfg.dead_letter_queue_url or await self._redrive_target(
-            attributes.get("RedrivePolicy")
-        )
         self._dead_letters.source = self.queue_url
         self._dead_letters.destination = self.dead_letter_queue_url
         self._dead_letters.announce("deleted")
-        if self.dead_letter_queue_url is not None:
-            await self._check_dead_letter_size(self.dead_letter_queue_url)
-        if (
-            cfg.heartbeat.enabled
-            and self.visibility_timeout < 2
-            and cfg.heartbeat.extension is None
-        ):
-            log.warning(
-                "SQS queue %s: visibility timeout %ss is too short for a heartbeat to "
-                "outrun; set heartbeat.extension",
-                self.queue_url,
-                self.visibility_timeout,
-            )
-        log.info(
-            "SQS stream on %s (fifo=%s, visibility=%ss, dead-letter=%s)",
-            self.queue_url,
-            self.is_fifo,
-            self.visibility_timeout,
-            self.dead_letter_queue_url or "none",
-        )
-
-    async def _locate(self) -> dict[str, str]:
-        cfg = self.config
-        self.queue_url = cfg.queue_url or await self._queue_url(cfg.queue_name, cfg.account_id)
-        return await self._queue_attributes(self.queue_url, cfg)
-
-    async def _queue_url(self, name: str | None, account_id: str | None) -> str:
-        kwargs: dict[str, Any] = {"QueueName": name}
-        if account_id:
-            kwargs["QueueOwnerAWSAccountId"] = account_id
-        try:
-            response = await self._client.get_queue_url(**kwargs)
-        except Exception as exc:
-            refused = ERRORS.refusal(exc, f"queue {name}")
-            if refused is not None:
-                raise refused from exc
-            if not isinstance(exc, ClientError):
-                raise
-            owner = f" of account {account_id}" if account_id else ""
-            raise SqsConnectorError(
-                f"SQS queue {name!r}{owner} not found ({self.config.describe()}): {exc}"
-            ) from exc
-        return str(response["QueueUrl"])
-
-    async def _queue_attributes(self, url: str, cfg: SqsConfig) -> dict[str, str]:
-        try:
-            response = await self._client.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])
-        except ClientError as exc:
-            denied = "AccessDenied" in error_code(exc)
-            if denied and cfg.dead_letter_queue_url and cfg.visibility_timeout:
-                # Everything the attributes would tell us is configured: go on without.
-                log.warning(
-                    "SQS queue %s: no permission to read its attributes (%s); using the "
-                    "configured visibility_timeout and dead_letter_queue_url",
-                    url,
-                    error_code(exc),
-                )
-                return {}
-            hint = (
-                " (grant sqs:GetQueueAttributes, or configure both visibility_timeout and "
-                "dead_letter_queue_url)"
-                if denied
-                else ""
-            )
-            refused = ERRORS.refusal(exc, f"queue {url}: reading its attributes{hint}")
-            if refused is not None:
-                raise refused from exc
-            raise SqsConnectorError(
-                f"SQS queue {url}: cannot read its attributes{hint}: {exc}"
-            ) from exc
-        return dict(response.get("Attributes", {}))
-
-    async def _check_dead_letter_size(self, dlq: str) -> None:
-        """Read the dead-letter queue's ``MaximumMessageSize``; warn if it is the smaller."""
-        try:
-            response = await self._client.get_queue_attributes(
-                QueueUrl=dlq, AttributeNames=["MaximumMessageSize"]
-            )
-        except ClientError as exc:
-            log.warning(
-                "SQS dead-letter queue %s: cannot read its MaximumMessageSize (%s); a "
-                "dead-letter copy too large for it is found out only when SQS refuses it",
-                dlq,
-                error_code(exc) or exc,
-            )
-            return
-        size = int_or_none(response.get("Attributes", {}).get("MaximumMessageSize"))
-        self.dead_letter_max_size = size
-        source = self.max_message_size
-        if size is not None and source is not None and size < source:
-            log.warning(
-                "SQS dead-letter queue %s takes messages of at most %d bytes, less than the "
-                "%d bytes queue %s accepts: a rejected message larger than that cannot be "
-                "dead-lettered, stays on the queue and fails its group each time it is "
-                "rejected. Raise the MaximumMessageSize of the dead-letter queue to that "
-                "of the queue",
-                dlq,
-                size,
-                source,
-                self.queue_url,
-            )
-
-    async def _redrive_target(self, redrive_policy: str | None) -> str | None:
-        if not redrive_policy:
-            return None
-        try:
-            arn = str(json.loads(redrive_policy)["deadLetterTargetArn"])
-            _, _, _, _region, account, name = arn.split(":", 5)
-        except (ValueError, KeyError, TypeError) as exc:
-            raise SqsConnectorError(
-                f"SQS queue {self.queue_url}: unreadable RedrivePolicy {redrive_policy!r}: {exc}"
-            ) from exc
-        return await self._queue_url(name, account)
 
     async def _receive(self) -> list[SqsDelivery]:
         """One ReceiveMessage call; what it returns is outstanding (heartbeat-covered).
@@ -633,7 +463,9 @@ class SqsStreamProducer(SharedStreamProducer):
                 for delivery, _, _ in chunk:
                     self._release(delivery, 0)
                 continue
-            failures = await self._send_copies(dlq, [entry for _, _, entry in chunk])
+            failures = await send_copies(
+                self._client, dlq, [entry for _, _, entry in chunk], self.config.entry_retries
+            )
             for i, (delivery, outcome, entry) in enumerate(chunk):
                 failure = failures.get(str(i))
                 if failure is None:
@@ -754,24 +586,6 @@ class SqsStreamProducer(SharedStreamProducer):
             self.released += len(pending) - len(failures)
         self._settle_failures(action, pending, failures)
 
-    async def _send_copies(self, dlq: str, entries: list[dict[str, Any]]) -> dict[str, Any]:
-        """SendMessageBatch; returns the failed entries by index, whatever went wrong."""
-        batch = [{**entry, "Id": str(i)} for i, entry in enumerate(entries)]
-        try:
-            return await self._run_batch("send_message_batch", dlq, batch)
-        except Exception as exc:
-            failure = failure_of(exc)
-            if len(entries) > 1 and is_size_refusal(failure):
-                # One entry too large refuses the whole call on some endpoints: send
-                # them one by one, so that only the culprits stay behind.
-                failures: dict[str, Any] = {}
-                for i, entry in enumerate(entries):
-                    alone = await self._send_copies(dlq, [entry])
-                    if "0" in alone:
-                        failures[str(i)] = alone["0"]
-                return failures
-            return {entry["Id"]: failure for entry in batch}
-
     def _settle_failures(
         self, action: str, chunk: Sequence[_Pending], failures: dict[str, dict[str, Any]]
     ) -> None:
@@ -799,29 +613,9 @@ class SqsStreamProducer(SharedStreamProducer):
     async def _run_batch(
         self, operation: str, queue_url: str | None, entries: list[dict[str, Any]]
     ) -> dict[str, dict[str, Any]]:
-        """Call a ``*Batch`` operation, retrying entries SQS says may succeed later.
-
-        Returns the entries that finally failed, by entry id.
-        """
-        remaining = {entry["Id"]: entry for entry in entries}
-        failed: dict[str, dict[str, Any]] = {}
-        attempts = self.config.entry_retries
-        for attempt in range(1, attempts + 1):
-            response = await getattr(self._client, operation)(
-                QueueUrl=queue_url, Entries=list(remaining.values())
-            )
-            retry: dict[str, dict[str, Any]] = {}
-            for failure in response.get("Failed", ()):
-                entry_id = failure["Id"]
-                if failure.get("SenderFault") or is_vanished(failure) or attempt == attempts:
-                    failed[entry_id] = failure
-                else:
-                    retry[entry_id] = remaining[entry_id]
-            if not retry:
-                break
-            remaining = retry
-            await asyncio.sleep(min(0.05 * 2**attempt, 2.0))
-        return failed
+        return await run_batch(
+            self._client, operation, queue_url, entries, self.config.entry_retries
+        )
 
     # --------------------------------------------------------------- heartbeat
 
@@ -975,17 +769,3 @@ class SqsStreamProducer(SharedStreamProducer):
 
 
 _ACTIONS = ("delete", "release")  # the settle buffer's keys, in the order they are sent
-
-
-def _load_models(session: Any) -> None:
-    """Warm the session's botocore loader cache with what creating an SQS client reads.
-
-    Best-effort: if this botocore keeps its models elsewhere, the client loads them itself.
-    """
-    try:
-        loader = session._session.get_component("data_loader")
-        loader.load_service_model("sqs", "service-2")
-        for name in ("endpoints", "partitions", "sdk-default-configuration", "_retry"):
-            loader.load_data(name)
-    except Exception as exc:  # only a missed optimization
-        log.debug("botocore models not preloaded: %r", exc)
