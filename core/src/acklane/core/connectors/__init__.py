@@ -24,7 +24,7 @@ from ._actions import Action
 from ._connector import ConfigT, Connector
 from ._errors import ErrorMap
 from ._lanes import LaneEntry, LanePlan, OrderedLanes
-from ._lease import LeaseKeeper, LeaseParking, ParkedLot, beat_interval, due
+from ._lease import BoundLot, LeaseKeeper, LeaseParking, ParkedLot, beat_interval, due
 from ._ledger import CommitLedger, CommitPlan, LedgerEntry
 from ._publish import OutgoingMessage, Publisher, PublishError, PublishNotSupported
 from ._reachability import Reachability
@@ -37,6 +37,7 @@ from ._verdict import Verdict, verdict
 __all__ = [
     "ENTRY_POINT_GROUP",
     "Action",
+    "BoundLot",
     "CommitLedger",
     "CommitPlan",
     "ConfigT",

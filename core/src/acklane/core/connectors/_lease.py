@@ -31,7 +31,7 @@ from collections.abc import Awaitable, Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-__all__ = ["LeaseKeeper", "LeaseParking", "ParkedLot", "beat_interval", "due"]
+__all__ = ["BoundLot", "LeaseKeeper", "LeaseParking", "ParkedLot", "beat_interval", "due"]
 
 T = TypeVar("T")
 #: The shortest beat (seconds): a lease shorter than four of these is beaten this often.
@@ -213,18 +213,19 @@ class LeaseParking(Generic[T]):
         key: tuple[Hashable, ...],
         leases: list[T],
         hold: float,
-        extend: Callable[[list[T]], Awaitable[list[T]]],
+        extend: Callable[[list[T], float], Awaitable[list[T]]],
         *,
         what: str,
-        logger: logging.Logger,
+        logger: logging.Logger | None = None,
     ) -> int:
-        """Extend ``leases`` for the ``hold`` and park those ``extend`` kept; told once.
+        """Extend ``leases`` by ``hold`` seconds and park those ``extend`` kept; told once.
 
         Returns how many were parked.
         """
         if not leases:
             return 0
-        parked = self.park(key, await extend(leases))
+        logger = logger or logging.getLogger("acklane.connectors")
+        parked = self.park(key, await extend(leases, hold))
         if parked:
             logger.info(
                 "%s: kept the leases of %d unresolved message(s) for %ss (restart_lease_hold), "
@@ -236,6 +237,12 @@ class LeaseParking(Generic[T]):
             )
         return parked
 
+    def lot(
+        self, key: tuple[Hashable, ...], what: str, logger: logging.Logger | None = None
+    ) -> BoundLot[T]:
+        """``key``'s lot as one producer sees it (``what`` starts its lines)."""
+        return BoundLot(self, key, what, logger or logging.getLogger("acklane.connectors"))
+
     def __contains__(self, key: object) -> bool:
         return key in self._lots
 
@@ -246,3 +253,33 @@ class LeaseParking(Generic[T]):
         now = self._clock()
         for key in [k for k, lot in self._lots.items() if lot.expires < now]:
             del self._lots[key]
+
+
+@dataclass(slots=True)
+class BoundLot(Generic[T]):
+    """One stream's lot in a :class:`LeaseParking`, with the words of its producer."""
+
+    parking: LeaseParking[T]
+    key: tuple[Hashable, ...]
+    what: str
+    logger: logging.Logger
+
+    async def take_over(
+        self, renew: Callable[[list[T]], Awaitable[list[T]]], margin: float
+    ) -> tuple[list[T], object]:
+        """:meth:`LeaseParking.take_over` of this lot."""
+        return await self.parking.take_over(
+            self.key, renew, margin=margin, what=self.what, logger=self.logger
+        )
+
+    async def keep(
+        self, leases: list[T], hold: float, extend: Callable[[list[T], float], Awaitable[list[T]]]
+    ) -> int:
+        """:meth:`LeaseParking.keep` into this lot."""
+        return await self.parking.keep(
+            self.key, leases, hold, extend, what=self.what, logger=self.logger
+        )
+
+    def note(self, note: object, until: float) -> None:
+        """Leave ``note`` for the next producer until ``until``."""
+        self.parking.park(self.key, note=note, note_until=until)

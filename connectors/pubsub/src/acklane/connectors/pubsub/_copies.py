@@ -38,7 +38,7 @@ MAX_ATTRIBUTES = 100
 
 
 def dead_letter_copy(
-    delivery: PubSubDelivery, *, topic: str, subscription: str, destination: str, reason: str
+    delivery: PubSubDelivery, topic: str, subscription: str, destination: str, reason: str
 ) -> Any:
     """The ``PubsubMessage`` to publish to ``destination`` for a rejected delivery."""
     from google.pubsub_v1 import types

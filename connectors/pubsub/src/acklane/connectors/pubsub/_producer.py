@@ -1,15 +1,8 @@
 """The Pub/Sub producer: pull, keep leases, and ack / nack / dead-letter as the engine says.
 
 Unary ``Pull`` / ``Acknowledge`` / ``ModifyAckDeadline`` on ``SubscriberAsyncClient``
-(never the streaming client's callback thread). The lease kit of
-``acklane.core.connectors`` does the rest: pulled messages are outstanding until
-advanced, their ack deadline extended (``ack_deadline`` a beat) and bounded by
-``max_outstanding``; acks buffered (``advance_linger``); a reject copied to
-``dead_letter_topic`` then acked (none: nacked for the subscription's dead-letter
-policy, else acked and dropped); a failure nacked (``redelivery_backoff``); an
-ordering key an ordered lane, held by a nack; at close, leases of what was handed
-out and never resolved parked for ``restart_lease_hold`` seconds for the next
-producer of the subscription in this process. See ``docs/connectors/pubsub.md``.
+(never the streaming client's callback thread); the lease kit of
+``acklane.core.connectors`` does the machinery. See ``docs/connectors/pubsub.md``.
 """
 
 from __future__ import annotations
@@ -19,7 +12,7 @@ import contextlib
 import logging
 import time
 from collections import defaultdict, deque
-from collections.abc import AsyncIterator, Awaitable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
 from acklane.core import connectors as kit
@@ -28,11 +21,12 @@ from acklane.core.connectors.deadletter import DeadLetterStep, outcome_reason
 from acklane.core.errors import BrokerUnreachable, ReceiveError
 from acklane.core.producer import AdvanceItem, AdvanceOutcome, SharedStreamProducer
 
-from ._check import ERRORS, grpc_code
+from ._check import ERRORS
 from ._client import make_client
 from ._config import PubSubConfig
 from ._copies import DEAD_LETTER_ATTRIBUTES, ORIGIN_PUBLISH_TIME, dead_letter_copy
-from ._message import PubSubDelivery, PubSubMessage
+from ._message import PubSubDelivery
+from ._subscription import DEFAULT_ACK_DEADLINE, deliveries, identity, read_subscription
 
 __all__ = [
     "DEAD_LETTER_ATTRIBUTES",
@@ -46,12 +40,8 @@ log = logging.getLogger(__name__)
 
 #: Ack ids per Acknowledge / ModifyAckDeadline request.
 _ACK_CHUNK = 1000
-#: Seconds the subscription read at start waits for one answer (then tried again).
-_START_TIMEOUT = 30.0
 #: Where the client connects without an emulator or endpoint setting.
 _DEFAULT_ENDPOINT = "pubsub.googleapis.com:443"
-#: Assumed when the subscription cannot be read: the service's shortest ack deadline.
-_DEFAULT_SUBSCRIPTION_DEADLINE = 10
 #: Seconds a closing producer waits for a pull that the stop cut off.
 _PULL_GRACE = 15.0
 
@@ -75,7 +65,7 @@ class PubSubStreamProducer(SharedStreamProducer):
         self.config = config  # never connect here: open_stream does
         self.subscription = config.subscription_path
         self.topic = ""
-        self.subscription_deadline = _DEFAULT_SUBSCRIPTION_DEADLINE
+        self.subscription_deadline = DEFAULT_ACK_DEADLINE
         self.has_dead_letter_policy = False
         self.ordered = True  # until the subscription says otherwise: hold keys
         self._client: Any = None
@@ -91,22 +81,15 @@ class PubSubStreamProducer(SharedStreamProducer):
         self._acks: kit.SettleBuffer[str, str] = kit.SettleBuffer(
             self._acknowledge, batch=_ACK_CHUNK, limit=10 * _ACK_CHUNK, linger=config.advance_linger
         )
+        destination = config.dead_letter_topic_path
         self._dead_letters = DeadLetterStep(
-            "Pub/Sub",
-            self.subscription,
-            config.dead_letter_topic_path,
-            "dead_letter_topic",
-            logger=log,
+            "Pub/Sub", self.subscription, destination, "dead_letter_topic", logger=log
         )
         self._pull_task: asyncio.Future[Any] | None = None
         self.delivered = self.acked = self.nacked = self.held = 0
-        self.extended = self.paused = self.api_calls = 0
-        #: Unresolved messages whose lease this producer kept for the next one at close.
-        self.parked = 0
-        #: Parked messages this producer took over from a previous one.
-        self.taken_over = 0
-        self._parking = parking
-        self._lot_key: tuple[Hashable, ...] = tuple(config.stream_key())
+        # parked: leases kept for the next producer at close; taken_over: from the last
+        self.extended = self.paused = self.api_calls = self.parked = self.taken_over = 0
+        self._lot = parking.lot(tuple(config.stream_key()), self._what, log)
         #: Ack ids pulled but not yet handed out by ``open_stream`` (the rest of a batch).
         self._unyielded: set[str] = set()
         # Whether the endpoint answers, told once per change (broker_problem, /readyz).
@@ -114,9 +97,7 @@ class PubSubStreamProducer(SharedStreamProducer):
             config.describe(), "Pub/Sub endpoint", config.where or _DEFAULT_ENDPOINT, logger=log
         )
 
-    @property
-    def dead_lettered(self) -> int:
-        return self._dead_letters.dead_lettered
+    dead_lettered = property(lambda self: self._dead_letters.dead_lettered)
 
     # ------------------------------------------------------------------ start
 
@@ -125,32 +106,15 @@ class PubSubStreamProducer(SharedStreamProducer):
             return
         self._started = True
         self._client = make_client(self.config, "subscriber")
-        try:
-            sub = await self._reachability.until_answered(
-                self._read_subscription, ERRORS.unreachable, ERRORS.text
-            )
-        except Exception as exc:
-            code = grpc_code(exc)
-            if code == "NOT_FOUND":
-                raise PubSubConnectorError(
-                    f"Pub/Sub subscription {self.subscription} does not exist"
-                ) from exc
-            if code != "PERMISSION_DENIED":
-                raise ERRORS.map(exc, f"reading subscription {self.subscription}") from exc
-            log.warning(
-                "Pub/Sub subscription %s: cannot read it (%s); assuming a %ss ack deadline, "
-                "no dead-letter policy and ordered delivery (grant "
-                "pubsub.subscriptions.get to read them)",
-                self.subscription,
-                exc,
-                _DEFAULT_SUBSCRIPTION_DEADLINE,
-            )
-        else:
-            self.topic = str(sub.topic)
-            self.subscription_deadline = int(sub.ack_deadline_seconds) or 10
-            policy = sub.dead_letter_policy
-            self.has_dead_letter_policy = bool(policy and policy.dead_letter_topic)
-            self.ordered = bool(sub.enable_message_ordering)
+        facts = await read_subscription(
+            self._client,
+            self.subscription,
+            self._reachability,
+            called=self._called,
+            error=PubSubConnectorError,
+        )
+        self.topic, self.subscription_deadline = facts.topic, facts.ack_deadline
+        self.has_dead_letter_policy, self.ordered = facts.has_dead_letter_policy, facts.ordered
         policy = "nacked for its dead-letter policy to move them after max_delivery_attempts"
         self._dead_letters.announce("acked", policy if self.has_dead_letter_policy else None)
         shortest = min(self.subscription_deadline, self.config.ack_deadline)
@@ -161,11 +125,8 @@ class PubSubStreamProducer(SharedStreamProducer):
         self._tasks.spawn(keeper.run(), f"pubsub leases {self.subscription}")
         self._tasks.spawn(self._acks.run(), f"pubsub acks {self.subscription}")
 
-    def _read_subscription(self) -> Awaitable[Any]:
+    def _called(self) -> None:
         self.api_calls += 1
-        return self._client.get_subscription(  # type: ignore[no-any-return]
-            subscription=self.subscription, retry=None, timeout=_START_TIMEOUT
-        )
 
     # ------------------------------------------------------------------ poll
 
@@ -230,41 +191,28 @@ class PubSubStreamProducer(SharedStreamProducer):
         response = await asyncio.shield(task)
         self._pull_task = None
         lease_until = sent_at + self.subscription_deadline
-        pairs: list[tuple[Any, Any]] = []
-        for received in response.received_messages:
-            message = PubSubMessage.from_received(self.subscription, self.topic, received)
-            stamp = received.message.publish_time
-            delivery = PubSubDelivery(
-                message=message,
-                ack_id=str(received.ack_id),
-                pull=number,
-                received_at=sent_at,
-                lease_until=lease_until,
-                publish_stamp=stamp.rfc3339() if hasattr(stamp, "rfc3339") else str(stamp),
-            )
+        pulled = deliveries(response, self.subscription, self.topic, number, sent_at, lease_until)
+        for delivery in pulled:
             self._outstanding[delivery.ack_id] = delivery
-            pairs.append((message, delivery))
-        self.delivered += len(pairs)
-        return pairs
+        self.delivered += len(pulled)
+        return [(d.message, d) for d in pulled]
 
     async def _take_parked(self) -> list[tuple[Any, Any]]:
         """Take over the leases a closed producer of this subscription kept, in order."""
-        taken, _ = await self._parking.take_over(
-            self._lot_key, self._renew, margin=self.takeover_margin, what=self._what, logger=log
-        )
+        taken, _ = await self._lot.take_over(self._renew, self.takeover_margin)
         self.taken_over += len(taken)
         return [(d.message, d) for d in taken]
 
-    async def _renew(self, taken: list[PubSubDelivery], hold: int | None = None) -> list[Any]:
-        """Lease ``taken`` for ``hold`` seconds (a take-over: ``ack_deadline``, as a pull)."""
-        now, seconds = time.monotonic(), self.config.ack_deadline if hold is None else hold
-        await self._modify([d.ack_id for d in taken], seconds)
-        for delivery in taken:
+    async def _renew(self, leases: list[PubSubDelivery], hold: float | None = None) -> list[Any]:
+        """Lease them for ``hold`` seconds (none: a take-over, ``ack_deadline`` as a pull)."""
+        now, seconds = time.monotonic(), int(self.config.ack_deadline if hold is None else hold)
+        await self._modify([d.ack_id for d in leases], seconds)
+        for delivery in leases:
             delivery.lease_until = now + seconds
             if hold is None:
                 delivery.pull = self._lanes.receives  # pulled before any nack of ours
                 self._outstanding[delivery.ack_id] = delivery
-        return taken
+        return leases
 
     def get_advance_lane(self, broker_payload: Any) -> Hashable:
         delivery: PubSubDelivery = broker_payload
@@ -272,13 +220,7 @@ class PubSubStreamProducer(SharedStreamProducer):
         return ("key", key) if key else delivery
 
     def message_id(self, broker_payload: Any) -> str | None:
-        delivery: PubSubDelivery = broker_payload
-        if self.topic.startswith("projects/"):
-            _, project, _, topic = self.topic.split("/", 3)
-            where = f"{project}/{topic}"
-        else:  # the topic is unknown (or deleted): the subscription names the stream
-            where = f"subscription:{self.subscription.removeprefix('projects/')}"
-        return f"pubsub:{where}/{delivery.message_id}@{delivery.publish_stamp}"
+        return identity(self.topic, self.subscription, broker_payload)
 
     # --------------------------------------------------------------- advance
 
@@ -324,17 +266,17 @@ class PubSubStreamProducer(SharedStreamProducer):
         if not items:
             return
         await self._acks.flush()
-        by_delay: dict[int, list[PubSubDelivery]] = defaultdict(list)
+        by_delay: dict[int, list[str]] = defaultdict(list)
+        backoff = self.config.redelivery_backoff
         for item in items:
             delivery: PubSubDelivery = item.broker_payload
             self._lanes.hold(self._lane(delivery))
-            backoff = self.config.redelivery_backoff
-            by_delay[backoff.delay(delivery.message.delivery_attempt)].append(delivery)
+            by_delay[backoff.delay(delivery.message.delivery_attempt)].append(delivery.ack_id)
             self._settled(delivery)
         try:
-            for seconds, deliveries in by_delay.items():
-                await self._modify([d.ack_id for d in deliveries], seconds)
-                self.nacked += len(deliveries)
+            for seconds, ack_ids in by_delay.items():
+                await self._modify(ack_ids, seconds)
+                self.nacked += len(ack_ids)
         finally:
             for item in items:
                 self._lanes.landed(self._lane(item.broker_payload))
@@ -353,13 +295,7 @@ class PubSubStreamProducer(SharedStreamProducer):
         if self._publisher is None:
             self._publisher = make_client(self.config, "publisher")
         try:
-            copy = dead_letter_copy(
-                delivery,
-                topic=self.topic,
-                subscription=self.subscription,
-                destination=topic,
-                reason=reason,
-            )
+            copy = dead_letter_copy(delivery, self.topic, self.subscription, topic, reason)
             self.api_calls += 1
             with ERRORS.advancing(f"dead-lettering {delivery.message_id} to {topic}"):
                 await self._publisher.publish(topic=topic, messages=[copy])
@@ -391,13 +327,8 @@ class PubSubStreamProducer(SharedStreamProducer):
     async def _extend_due(self, interval: float) -> None:
         now = time.monotonic()
         leases = kit.due(self._outstanding.values(), lambda d: d.lease_until, now, interval)
-        if not leases:
-            return
-        seconds = self.config.ack_deadline
-        await self._modify([d.ack_id for d in leases], seconds)
-        for delivery in leases:
-            delivery.lease_until = now + seconds
-        self.extended += len(leases)
+        if leases:
+            self.extended += len(await self._renew(leases, self.config.ack_deadline))
 
     # ---------------------------------------------------------------- close
 
@@ -408,9 +339,8 @@ class PubSubStreamProducer(SharedStreamProducer):
         self._closed = True
         await self._tasks.aclose()  # the acks' flusher: a flush in flight goes on, shielded
         if self._client is not None:
-            # Handed to the engine and never resolved: abandoned by a stop or a cohort
-            # restart. Keep their lease for the next producer; release the rest now
-            # (never handed out, or behind a nack of their ordering key).
+            # Handed out, never resolved: parked for the next producer; the rest (never
+            # handed out, or behind a nack of their key) released now.
             hold = int(self.config.restart_lease_hold)
             to_park = [
                 d
@@ -430,14 +360,7 @@ class PubSubStreamProducer(SharedStreamProducer):
                     if unresolved:  # delivered again now, not when their lease lapses
                         await self._modify(unresolved, 0)
                         self.nacked += len(unresolved)
-                    self.parked += await self._parking.keep(
-                        self._lot_key,
-                        to_park,
-                        hold,
-                        lambda leases: self._renew(leases, hold),
-                        what=self._what,
-                        logger=log,
-                    )
+                    self.parked += await self._lot.keep(to_park, hold, self._renew)
             except Exception as exc:
                 log.warning(
                     "Pub/Sub subscription %s: final acks/nacks failed (%s); unsettled "
@@ -450,8 +373,6 @@ class PubSubStreamProducer(SharedStreamProducer):
                 with contextlib.suppress(Exception):
                     await client.transport.close()
         self._client = self._publisher = None
-
-    # ------------------------------------------------------------- counters
 
     def broker_problem(self) -> str | None:
         return self._reachability.problem

@@ -1,8 +1,7 @@
 """The Service Bus side of the ack channel: peek-lock receive, renew, settle.
 
-The lease kit of ``acklane.core.connectors`` does the machinery (the tasks and
-their failure latch, the settle buffer, the lock keeper, the session holds); what
-is here is Service Bus's I/O.
+The lease kit of ``acklane.core.connectors`` does the machinery (tasks, settle
+buffer, lock keeper, session holds); ``_pacing`` shares a receiver's connection.
 """
 
 from __future__ import annotations
@@ -13,57 +12,42 @@ import logging
 import time
 from collections import deque
 from collections.abc import AsyncGenerator, Hashable, Mapping, Sequence
-from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from azure.servicebus import NEXT_AVAILABLE_SESSION, ServiceBusReceiveMode
 from azure.servicebus.aio import ServiceBusClient, ServiceBusReceiver
 from azure.servicebus.exceptions import (
-    MessageLockLostError,
     OperationTimeoutError,
-    ServiceBusError,
     SessionLockLostError,
 )
 
 from acklane.core import connectors as kit
 from acklane.core.connectors import Action, LaneEntry, Verdict, verdict
-from acklane.core.connectors.deadletter import bounded_text, outcome_reason
+from acklane.core.connectors.deadletter import outcome_reason
 from acklane.core.errors import AdvanceError, ReceiveError
 from acklane.core.producer import AdvanceItem, SharedStreamProducer
 
 from ._check import ERRORS, UNREACHABLE
 from ._config import ServiceBusConfig
+from ._locks import abandon, lock_interval, renew_due
 from ._message import ServiceBusDelivery, ServiceBusRecord
+from ._pacing import ReceivePacing
+from ._settling import Settlement, settle
 
 __all__ = ["ServiceBusDelivery", "ServiceBusRecord", "ServiceBusStreamProducer"]
 
 log = logging.getLogger("acklane.connectors.servicebus")
 
-#: Service Bus limits a DeadLetterErrorDescription to 4096 characters; keep well under.
-_DESCRIPTION_MAX_BYTES = 1024
-_LOCK_LOST = (MessageLockLostError, SessionLockLostError)
 #: Queued settlements past which ``advance`` waits for a flush (back-pressure).
 _BUFFER_LIMIT = 1000
 #: Seconds a receive waits at most while the receiver has messages the engine holds.
 _BUSY_WAIT = 0.05
-#: A receive of one message that took less found it there (no wait): a backlog sign.
-_QUICK = 0.001
 #: Seconds ``aclose`` spends at most abandoning the messages the engine left unresolved.
 _ABANDON_BUDGET = 5.0
 
 
 class ServiceBusConnectorError(ReceiveError):
     """The namespace or the entity cannot be used."""
-
-
-@dataclass(slots=True, eq=False)
-class _Settlement:
-    """A settlement the engine decided, waiting for the flusher to send it."""
-
-    delivery: ServiceBusDelivery
-    verdict: Verdict
-    reason: str = ""
 
 
 class ServiceBusStreamProducer(SharedStreamProducer):
@@ -93,15 +77,13 @@ class ServiceBusStreamProducer(SharedStreamProducer):
         self._tasks = kit.ProducerTasks(config.describe(), logger=log)
         self._tasks.on_failure(self._queue.put_nowait)  # the stream raises it at once
         #: Settlements by the receiver that must send them, receivers concurrently.
-        self._settlements: kit.SettleBuffer[ServiceBusReceiver, _Settlement] = kit.SettleBuffer(
+        self._settlements: kit.SettleBuffer[ServiceBusReceiver, Settlement] = kit.SettleBuffer(
             self._send, batch=_BUFFER_LIMIT, limit=_BUFFER_LIMIT, parallel=True
         )
         #: A session receiver behind a failed message is held: none of it is settled.
         self._lanes: kit.OrderedLanes[ServiceBusReceiver] = kit.OrderedLanes()
-        #: One user of a receiver's connection at a time: its receives and settlements.
-        self._io: dict[ServiceBusReceiver, asyncio.Lock] = {}
-        #: Receives in a row that returned all they asked for at once (_receive_count).
-        self._streak: dict[ServiceBusReceiver, int] = {}
+        #: One user of a receiver's connection at a time, and how much a receive asks for.
+        self._pacing = ReceivePacing(config.max_batch, config.max_wait_time, _BUSY_WAIT)
         self._opened = False
         self._closed = False
         # Whether the namespace answers, told once per change (broker_problem, /readyz).
@@ -218,11 +200,10 @@ class ServiceBusStreamProducer(SharedStreamProducer):
             self._sessions.pop(receiver, None)
             self._receivers.discard(receiver)
             # Not under a settlement in flight (the flusher's): it would fail half-way.
-            async with self._io_lock(receiver):
+            async with self._pacing.lock(receiver):
                 with contextlib.suppress(Exception):
                     await receiver.close()
-            self._io.pop(receiver, None)
-            self._streak.pop(receiver, None)
+            self._pacing.forget(receiver)
             self._lanes.forget(receiver)
 
     async def _receive_or_release(
@@ -253,51 +234,17 @@ class ServiceBusStreamProducer(SharedStreamProducer):
             d.receiver is receiver for d in self._outstanding.values()
         )
 
-    def _io_lock(self, receiver: ServiceBusReceiver) -> asyncio.Lock:
-        """The lock taken by whoever uses ``receiver``'s connection to receive or settle.
-
-        The SDK reads and writes a connection under one lock, and a read that finds
-        nothing holds it up to the socket timeout (0.2 s): a settlement waiting for its
-        answer while another task reads, or a receive reading while settlements wait
-        to be written, stalls them all that long. One user at a time never does: each
-        read then waits for an answer that is on its way.
-        """
-        lock = self._io.get(receiver)
-        if lock is None:
-            lock = self._io[receiver] = asyncio.Lock()
-        return lock
-
     async def _receive_messages(self, receiver: ServiceBusReceiver) -> list[Any]:
         await self._settlements.flush(receiver)  # settlements queued before go first
-        count = self._receive_count(receiver)
-        async with self._io_lock(receiver):
+        pace = self._pacing
+        count = pace.count(receiver)
+        async with pace.lock(receiver):
             started = time.monotonic()
             messages: list[Any] = await receiver.receive_messages(
-                max_message_count=count, max_wait_time=self._wait_time(receiver)
+                max_message_count=count, max_wait_time=pace.wait_time(self._holds(receiver))
             )
-            took = time.monotonic() - started
-        full = len(messages) == count and (count > 1 or took < _QUICK)
-        self._streak[receiver] = self._streak.get(receiver, 0) + 1 if full else 0
+            pace.received(receiver, len(messages), count, time.monotonic() - started)
         return messages
-
-    def _receive_count(self, receiver: ServiceBusReceiver) -> int:
-        """How many messages the next receive asks for: 1, or ``max_batch`` in a backlog.
-
-        A receive returns once it has the count asked for; short of it, only after a
-        pause in the transfers that the SDK notices with a read timing out (its socket
-        timeout, 0.2 s) past ``max_wait_time`` or 0.2 s after the first message. So
-        receives ask for one message (it returns the moment one arrives) until a
-        backlog shows, as ``max_batch`` receives of one in a row that each found their
-        message there; then for ``max_batch`` (fewer calls) until a batch comes short.
-        """
-        batch = self.config.max_batch
-        return batch if self._streak.get(receiver, 0) >= batch else 1
-
-    def _wait_time(self, receiver: ServiceBusReceiver) -> float:
-        """``max_wait_time``, cut short while this receiver has messages the engine holds:
-        their settlements should not wait behind a long empty receive."""
-        wait = self.config.max_wait_time
-        return min(wait, _BUSY_WAIT) if self._holds(receiver) else wait
 
     def _hand_on(
         self, receiver: ServiceBusReceiver, session_id: str | None, messages: list[Any]
@@ -370,7 +317,7 @@ class ServiceBusStreamProducer(SharedStreamProducer):
             else:
                 delivery.settled = True
                 reason = outcome_reason(item.outcome) if judged is Verdict.DEAD_LETTER else ""
-                self._settlements.add(delivery.receiver, _Settlement(delivery, judged, reason))
+                self._settlements.add(delivery.receiver, Settlement(delivery, judged, reason))
         await self._settlements.settle_soon()
 
     # ------------------------------------------------------------------ settle
@@ -382,7 +329,7 @@ class ServiceBusStreamProducer(SharedStreamProducer):
         """
         await self._settlements.flush()
 
-    async def _send(self, receiver: ServiceBusReceiver, queue: deque[_Settlement]) -> None:
+    async def _send(self, receiver: ServiceBusReceiver, queue: deque[Settlement]) -> None:
         """Send ``receiver``'s settlements one after the other, in their order.
 
         One at a time, each read of the connection waits for the answer just asked
@@ -391,58 +338,26 @@ class ServiceBusStreamProducer(SharedStreamProducer):
         fails the group; the settlements not sent yet stay queued (``aclose`` tries
         them once more).
         """
-        async with self._io_lock(receiver):
+        async with self._pacing.lock(receiver):
             while queue:
                 try:
-                    await self._settle(queue[0])
+                    done = await settle(queue[0], self._receivers, self.config.describe())
                 except Exception as exc:
                     mapped = ERRORS.map(exc, f"settling {queue[0].delivery.identity}", AdvanceError)
                     self._tasks.fail(mapped)
                     raise mapped from exc
+                self._count(done)
                 queue.popleft()
 
-    async def _settle(self, settlement: _Settlement) -> None:
-        delivery = settlement.delivery
-        receiver, message = delivery.receiver, delivery.message
-        try:
-            match settlement.verdict:
-                case Verdict.COMMIT:
-                    await receiver.complete_message(message)
-                    self.completed += 1
-                case Verdict.DEAD_LETTER:
-                    reason = settlement.reason
-                    await receiver.dead_letter_message(
-                        message,
-                        reason=bounded_text(reason, 256),
-                        error_description=bounded_text(reason, _DESCRIPTION_MAX_BYTES),
-                    )
-                    self.dead_lettered += 1
-                case Verdict.REDELIVER:
-                    await receiver.abandon_message(message)
-                    self.abandoned += 1
-        except _LOCK_LOST as exc:
-            # The lock lapsed or the session went: Service Bus delivers it again.
-            self._lost_before_settlement(delivery, type(exc).__name__)
-        except ServiceBusError as exc:
-            if "lock" in str(exc).lower() and "lost" in str(exc).lower():
-                self._lost_before_settlement(delivery, type(exc).__name__)
-                return
-            raise
-        except ValueError:
-            if receiver in self._receivers:
-                raise
-            # Its receiver was closed already (its session let go, or lost): closing
-            # released the message, and Service Bus delivers it again.
-            self._lost_before_settlement(delivery, "receiver closed")
-
-    def _lost_before_settlement(self, delivery: ServiceBusDelivery, why: str) -> None:
-        self.lock_lost += 1
-        log.warning(
-            "%s: message %s: lock lost before settlement (%s); it will be redelivered",
-            self.config.describe(),
-            delivery.identity,
-            why,
-        )
+    def _count(self, done: str) -> None:
+        if done == Action.DELETED:
+            self.completed += 1
+        elif done == Action.DEAD_LETTERED:
+            self.dead_lettered += 1
+        elif done == Action.REDELIVERED:
+            self.abandoned += 1
+        else:
+            self.lock_lost += 1
 
     def _let_session_go(self, failed: ServiceBusDelivery) -> None:
         """A session's message must come again: its session receiver lets the session go.
@@ -475,101 +390,23 @@ class ServiceBusStreamProducer(SharedStreamProducer):
 
     def _interval(self) -> float:
         """``renew_interval``, else a beat for the shortest lock held (read each beat)."""
-        if self.config.renew_interval:
-            return self.config.renew_interval
-        now = datetime.now(UTC)
-        left: list[float] = [
-            (d.message.locked_until_utc - now).total_seconds()
-            for d in self._outstanding.values()
-            if d.message.locked_until_utc is not None
-        ]
-        left += [
-            (r.session.locked_until_utc - now).total_seconds()
-            for r in list(self._sessions)
-            if r.session is not None and r.session.locked_until_utc is not None
-        ]
-        return min(kit.beat_interval(max(min(left), 0.4)), 5.0) if left else 1.0
+        return self.config.renew_interval or lock_interval(
+            self._outstanding.values(), self._sessions
+        )
 
     async def _renew_due(self, interval: float) -> None:
-        now = datetime.now(UTC)
-        overdue: set[int] = set()  # sessions holding a message past max_lock_renewal
-        for key, delivery in list(self._outstanding.items()):
-            if delivery.settled:
-                continue
-            if time.monotonic() - delivery.received_at > self.config.max_lock_renewal:
-                overdue.add(id(delivery.receiver))
-                continue
-            if delivery.session_id is not None or not _due(delivery.message, now, interval):
-                continue  # a session's lock is its messages' lock: renewed below
-            try:
-                await delivery.receiver.renew_message_lock(delivery.message)
-                self.renewed += 1
-            except _LOCK_LOST:
-                self.lock_lost += 1
-                self._outstanding.pop(key, None)
-                log.warning("message %s: lock lost; it will be redelivered", delivery.identity)
-        for receiver, release in list(self._sessions.items()):  # every session held
-            if release.is_set() or id(receiver) in overdue:
-                continue  # being let go, or renewed long enough
-            if not _due(receiver.session, now, interval):
-                continue
-            try:
-                await receiver.session.renew_lock()
-                self.renewed += 1
-            except _LOCK_LOST:
-                self.lock_lost += 1
+        renewal = self.config.max_lock_renewal
+        renewed, lost = await renew_due(self._outstanding, self._sessions, interval, renewal)
+        self.renewed += renewed
+        self.lock_lost += lost
 
     # ------------------------------------------------------------------- close
-
-    async def _abandon_unresolved(self) -> None:
-        """Abandon the messages of open (sessionless) receivers the engine never resolved.
-
-        The group is going (a cohort restart, a failure, a stop): nobody will resolve
-        them. Left alone they would come back only when their locks lapse (the
-        entity's lock duration, a minute by default), which counts a delivery too;
-        abandoned, they come back now. Best effort, within a few seconds: what is not
-        abandoned lapses as before. A session's messages are released by closing its
-        receiver instead.
-        """
-        held = [
-            d
-            for d in self._outstanding.values()
-            if not d.settled and d.session_id is None and d.receiver in self._receivers
-        ]
-        self._outstanding.clear()
-        if not held:
-            return
-        given = 0
-        try:
-            async with asyncio.timeout(_ABANDON_BUDGET):
-                for delivery in held:
-                    delivery.settled = True
-                    try:
-                        await delivery.receiver.abandon_message(delivery.message)
-                    except _LOCK_LOST:
-                        self.lock_lost += 1  # it comes back anyway
-                        continue
-                    self.abandoned += 1
-                    given += 1
-        except Exception as exc:
-            log.warning(
-                "%s: giving back unresolved messages on close failed (%r); Service Bus "
-                "redelivers them when their locks lapse",
-                self.config.describe(),
-                exc,
-            )
-        log.info(
-            "%s: %d of %d unresolved messages abandoned on close (redelivered now)",
-            self.config.describe(),
-            given,
-            len(held),
-        )
 
     async def aclose(self) -> None:
         """Stop receiving, send the queued settlements, close the receivers and client.
 
         Messages the engine never resolved come back at once rather than when their
-        locks lapse: they are abandoned (``_abandon_unresolved``), or closing their
+        locks lapse: they are abandoned (``_locks.abandon``), or closing their
         session's receiver releases them; the SDK releases what it prefetched.
         """
         if self._closed:
@@ -588,8 +425,17 @@ class ServiceBusStreamProducer(SharedStreamProducer):
                 self.config.describe(),
                 exc,
             )
-        else:
-            await self._abandon_unresolved()
+        else:  # sessionless: abandoned; a session's messages go with its receiver
+            held = [
+                d
+                for d in self._outstanding.values()
+                if not d.settled and d.session_id is None and d.receiver in self._receivers
+            ]
+            self._outstanding.clear()
+            if held:
+                given, lost = await abandon(held, self.config.describe(), _ABANDON_BUDGET)
+                self.abandoned += given
+                self.lock_lost += lost
         for receiver in list(self._receivers):
             with contextlib.suppress(Exception):
                 await receiver.close()
@@ -598,9 +444,3 @@ class ServiceBusStreamProducer(SharedStreamProducer):
             with contextlib.suppress(Exception):
                 await self._client.close()
         self._client = None
-
-
-def _due(locked: Any, now: datetime, interval: float) -> bool:
-    """Whether a message's or a session's lock lapses within two beats (or is unknown)."""
-    until = locked.locked_until_utc
-    return until is None or (until - now).total_seconds() <= 2 * interval

@@ -133,9 +133,9 @@ class SqsStreamProducer(SharedStreamProducer):
         self._stack = AsyncExitStack()
         self._client: Any = None
         self._identity = ""  # the queue's ARN (else URL): prefixes message_id()
-        self._lot_key: tuple[Hashable, ...] = ()
         self._parking = parking
         self._what = f"SQS {config.describe()}"
+        self._lot = parking.lot((), self._what, log)  # its queue's, once known
         self._tasks = kit.ProducerTasks(config.describe(), logger=log)
         self._outstanding: dict[str, SqsDelivery] = {}  # pulled, not advanced; by receipt
         self._unyielded: deque[SqsDelivery] = deque()  # received, not yet handed out
@@ -216,8 +216,8 @@ class SqsStreamProducer(SharedStreamProducer):
         self.dead_letter_queue_url = queue.dead_letter_url
         self.dead_letter_max_size = queue.dead_letter_max_size
         self._identity = self.queue_arn or self.queue_url
-        self._lot_key = (*cfg.stream_key(), self.queue_url)
         self._what = f"SQS queue {self.queue_url}"
+        self._lot = self._parking.lot((*cfg.stream_key(), self.queue_url), self._what, log)
         self._dead_letters.source = self.queue_url
         self._dead_letters.destination = self.dead_letter_queue_url
         self._dead_letters.announce("deleted")
@@ -329,13 +329,7 @@ class SqsStreamProducer(SharedStreamProducer):
 
     async def _take_parked(self) -> list[SqsDelivery]:
         """Take over the leases a closed producer of this queue kept for us, in order."""
-        taken, attempt = await self._parking.take_over(
-            self._lot_key,
-            self._renew_taken,
-            margin=self.takeover_margin,
-            what=self._what,
-            logger=log,
-        )
+        taken, attempt = await self._lot.take_over(self._renew_taken, self.takeover_margin)
         fresh = isinstance(attempt, tuple) and attempt[1] > time.monotonic()
         if fresh and self.is_fifo and self._attempt is None:
             self._attempt = attempt  # type: ignore[assignment]
@@ -723,7 +717,7 @@ class SqsStreamProducer(SharedStreamProducer):
                 )
             if self.is_fifo and self._attempt is not None:
                 # A receive that never answered: the next producer retries its attempt id.
-                self._parking.park(self._lot_key, note=self._attempt, note_until=self._attempt[1])
+                self._lot.note(self._attempt, self._attempt[1])
         try:
             await self._stack.aclose()
         except Exception as exc:
@@ -758,13 +752,11 @@ class SqsStreamProducer(SharedStreamProducer):
             else:  # nobody could take it over in time (SQS's 12-hour cap): release it
                 self._settle.add("release", _Pending(delivery, 0))
         await self.flush()
-        self.parked += await self._parking.keep(
-            self._lot_key, keep, hold, self._hold, what=self._what, logger=log
-        )
+        self.parked += await self._lot.keep(keep, hold, self._hold)
 
-    async def _hold(self, deliveries: list[SqsDelivery]) -> list[SqsDelivery]:
-        now, hold = time.monotonic(), self.config.restart_lease_hold
-        pairs = [(d, min(hold, self._cap_left(d, now))) for d in deliveries]
+    async def _hold(self, deliveries: list[SqsDelivery], hold: float) -> list[SqsDelivery]:
+        now = time.monotonic()
+        pairs = [(d, min(int(hold), self._cap_left(d, now))) for d in deliveries]
         return self._kept(await self._set_visibility(pairs), "kept for a restart")
 
 
