@@ -108,3 +108,32 @@ def test_a_note_is_kept_beside_the_leases_until_its_own_deadline() -> None:
     lot.park(("q",), note="attempt-2", note_until=130.0)
     clock.now = 131.0
     assert lot.take(("q",)) == ([], 0, None)
+
+
+async def test_a_bound_lot_takes_over_and_keeps_in_its_streams_lot_only() -> None:
+    clock = Clock()
+    lots = parking(clock)
+    mine, other = lots.lot(("q",), "queue q"), lots.lot(("r",), "queue r")
+
+    async def extend(leases: list[tuple[str, float]], hold: float) -> list[tuple[str, float]]:
+        return [(name, clock.now + hold) for name, _ in leases]
+
+    async def renew(leases: list[tuple[str, float]]) -> list[tuple[str, float]]:
+        return leases
+
+    assert await mine.keep([("a", 0.0)], 60, extend) == 1
+    assert await other.take_over(renew, margin=5) == ([], None)
+    assert await mine.take_over(renew, margin=5) == ([("a", 160.0)], None)
+
+
+async def test_a_take_over_whose_renewal_fails_takes_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    lots = parking(Clock())
+    lots.park(("q",), [("a", 160.0)])
+
+    async def renew(leases: list[tuple[str, float]]) -> list[tuple[str, float]]:
+        raise TimeoutError("no answer")
+
+    assert await lots.lot(("q",), "queue q").take_over(renew, margin=5) == ([], None)
+    assert "could not be taken over" in caplog.text
