@@ -45,6 +45,11 @@ BRANCHES: dict[str, type[AcklaneError]] = {
     # connectors
     "acklane.core.connectors._registry.UnknownConnector": ConnectorError,
     "acklane.core.errors.BrokerAuthError": ConnectorError,
+    # the kinds every connector's errors branch by (its error map raises them)
+    "acklane.core.errors.ReceiveError": ConnectorError,
+    "acklane.core.errors.AdvanceError": ConnectorError,
+    "acklane.core.errors.DeadLetterRefused": ConnectorError,
+    "acklane.core.errors.BrokerUnreachable": ConnectorError,
     "acklane.core.connectors._publish.PublishNotSupported": ConnectorError,
     "acklane.core.connectors._publish.PublishError": ConnectorError,
     "acklane.connectors.kafka._producer.KafkaReceiveError": ConnectorError,
@@ -92,6 +97,8 @@ if importlib.util.find_spec("acklane.airflow") is not None:
 
 #: The built-in bases callers caught before the common root; they must keep working.
 BUILTIN_BASES: dict[str, type[Exception]] = {
+    "acklane.core.errors.ReceiveError": RuntimeError,
+    "acklane.core.errors.AdvanceError": RuntimeError,
     "acklane.core.errors.ConfigError": ValueError,
     "acklane.core.pipeline.filters.FilterSpecError": ValueError,
     "acklane.core.message.BodyDecodeError": ValueError,

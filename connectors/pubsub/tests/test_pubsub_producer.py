@@ -348,7 +348,7 @@ async def test_a_parked_lease_nobody_takes_comes_back_when_the_hold_ends(
     async with Open(config) as o:
         await o.take(1)
     assert o.producer.counters()["parked"] == 1
-    _producer._PARKED.pop(config.stream_key())  # the process is gone, say
+    _producer.PARKING.take(config.stream_key())  # the process is gone, say
     assert await kit.drain(sub, expect=1, within=2) == []
     [again] = await kit.drain(sub, expect=1, within=10)
     assert again.message.data == b"a"

@@ -31,6 +31,7 @@ from acklane.connectors.servicebus import (
     ServiceBusTrigger,
 )
 from acklane.core.config import parse_config
+from acklane.core.errors import AdvanceError
 from acklane.core.events import EventStore
 from acklane.core.pipeline.runner import Runner, RunObserver
 from acklane.core.trigger import AckTimeout, TriggerEvent, reject_shared_stream_event
@@ -320,7 +321,7 @@ async def test_an_advance_error_fails_the_group_and_the_runner_restarts_it_losin
         runner.request_stop()
         await asyncio.wait_for(task, 30)
     assert len(failures) == 1
-    assert [type(e) for e in restarts.errors] == [ServiceBusError]
+    assert [type(e) for e in restarts.errors] == [AdvanceError]
     assert "the broker said no" in str(restarts.errors[0])
     ids = await stored_ids(db)
     assert sorted(ids) == list(range(20))  # each stored once: the redelivery was deduplicated

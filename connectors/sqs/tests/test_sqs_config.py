@@ -167,7 +167,7 @@ def test_botocore_models_are_preloaded_off_the_event_loop(caplog: pytest.LogCapt
     # botocore upgrade moves them, so that the event loop would block on them again.
     import aioboto3
 
-    from acklane.connectors.sqs._producer import _load_models
+    from acklane.connectors.sqs._queue import _load_models
 
     session = aioboto3.Session(region_name="eu-west-1")
     with caplog.at_level("DEBUG", logger="acklane.connectors.sqs"):

@@ -19,7 +19,7 @@ import aioboto3
 import pytest
 from sqs_harness import Stream, eventually, open_stream
 
-from acklane.connectors.sqs import SqsConfig, SqsStreamProducer
+from acklane.connectors.sqs import SqsConfig, SqsConnectorError, SqsStreamProducer
 from acklane.core.producer import AdvanceItem, AdvanceOutcome
 from acklane.integration.sqs import SqsQueues
 
@@ -305,8 +305,9 @@ async def test_fifo_receives_carry_an_attempt_id_and_a_failed_one_is_retried_wit
     recorded = RecordedReceives(settings)
     recorded.fail_next = True
     async with open_stream(settings, queue_url=url, session=recorded.session) as first:
-        with pytest.raises(ConnectionResetError):
+        with pytest.raises(SqsConnectorError) as failed:
             await first.pull()  # the group fails; the runner makes a new producer
+        assert isinstance(failed.value.__cause__, ConnectionResetError)  # the cause, kept
     [lost] = recorded.attempt_ids()
     assert lost
 

@@ -391,7 +391,7 @@ async def test_a_refused_heartbeat_fails_the_group_instead_of_letting_leases_lap
 
             p._client.change_message_visibility_batch = denied
             async with asyncio.timeout(10):
-                while p._failure is None:
+                while p._tasks.failure is None:
                     await asyncio.sleep(0.1)
             with pytest.raises(ClientError):
                 await anext(stream)  # the stream raises it: the group fails loudly

@@ -5,6 +5,11 @@
     AcklaneError
     ├── ConfigError         (also ValueError)  the YAML configuration is invalid
     ├── ConnectorError                         a connector, its registry or its broker
+    │   ├── ReceiveError      (also RuntimeError) the source cannot be read from
+    │   ├── AdvanceError      (also RuntimeError) a settle, commit or dead-letter copy failed
+    │   │   └── DeadLetterRefused                 the destination refused a copy (too large)
+    │   ├── BrokerUnreachable                     the broker does not answer (it may come back)
+    │   └── BrokerAuthError                       the broker refused the credentials
     ├── StateStoreError                        the task store and the asset store
     └── SharedStreamError                      a subscriber's filter iterator was failed
 
@@ -28,9 +33,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AcklaneError",
+    "AdvanceError",
     "BrokerAuthError",
+    "BrokerUnreachable",
     "ConfigError",
     "ConnectorError",
+    "DeadLetterRefused",
+    "ReceiveError",
     "SharedStreamError",
     "StateStoreError",
 ]
@@ -57,6 +66,35 @@ class ConfigError(AcklaneError, ValueError):
 
 class ConnectorError(AcklaneError):
     """A connector cannot be found, or it cannot use its broker (receive, commit, delete...)."""
+
+
+class ReceiveError(ConnectorError, RuntimeError):
+    """The stream's source cannot be read: it does not exist, or a receive failed for
+    a reason no retry fixes. The group fails (the runner restarts it)."""
+
+
+class AdvanceError(ConnectorError, RuntimeError):
+    """The broker refused to settle, commit or dead-letter a resolved message.
+
+    Nothing past that message was acted on; the group fails and, once restarted,
+    the message comes again.
+    """
+
+
+class DeadLetterRefused(AdvanceError):
+    """The dead-letter destination refused a copy as too large: the original is kept.
+
+    ``settings`` names what to raise (the destination's size limit, a client's).
+    """
+
+    def __init__(self, message: str, *, settings: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.settings = tuple(settings)
+
+
+class BrokerUnreachable(ConnectorError):
+    """The broker did not answer (a connection refused, a timeout): not the group's
+    failure, the connector keeps trying (see ``Reachability``)."""
 
 
 class BrokerAuthError(ConnectorError):

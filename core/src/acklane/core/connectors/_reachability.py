@@ -22,10 +22,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
-from typing import Final
+from collections.abc import Awaitable, Callable
+from typing import Final, TypeVar
 
 __all__ = ["INITIAL_PAUSE", "MAX_PAUSE", "Reachability"]
+
+R = TypeVar("R")
 
 #: The first pause after a failed attempt (seconds); it doubles at each failure.
 INITIAL_PAUSE: Final = 1.0
@@ -109,3 +111,22 @@ class Reachability:
         self._log.info(
             "%s: reconnected to %s at %s after %.0fs", self.describe, self.what, self.where, down
         )
+
+    async def until_answered(
+        self,
+        call: Callable[[], Awaitable[R]],
+        unreachable: Callable[[BaseException], bool],
+        reason: Callable[[BaseException], str] = str,
+    ) -> R:
+        """``call()`` again and again while it fails as ``unreachable`` (each failure
+        told as :meth:`wait` does); its result once it answers."""
+        while True:
+            try:
+                result = await call()
+            except Exception as exc:
+                if not unreachable(exc):
+                    raise
+                await self.wait(reason(exc))
+                continue
+            self.answered()
+            return result

@@ -51,16 +51,16 @@ from acklane.core.connectors.deadletter import (
     ORIGIN_TOPIC,
     REASON_MAX_BYTES,
     REJECT_REASON,
+    DeadLetterStep,
     bounded_text,
     log_origin,
     outcome_reason,
 )
-from acklane.core.errors import ConnectorError
+from acklane.core.errors import AdvanceError, DeadLetterRefused, ReceiveError
 from acklane.core.producer import (
     AdvanceItem,
     LaneBatch,
     SharedStreamProducer,
-    reject_reasons_of,
 )
 
 from ._config import KafkaConfig
@@ -128,12 +128,16 @@ _TOO_LARGE = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TO
 _FULL_WAIT = 0.5
 
 
-class KafkaReceiveError(ConnectorError, RuntimeError):
+class KafkaReceiveError(ReceiveError):
     """Consuming failed: the group fails and the runner restarts it."""
 
 
-class KafkaAdvanceError(ConnectorError, RuntimeError):
+class KafkaAdvanceError(AdvanceError):
     """A commit, dead-letter copy or seek failed: the group fails; the broker redelivers."""
+
+
+class _Refused(KafkaAdvanceError, DeadLetterRefused):
+    """The DLQ topic (or the DLQ producer) refused a copy as too large."""
 
 
 @dataclass(slots=True)
@@ -247,6 +251,15 @@ class KafkaStreamProducer(SharedStreamProducer):
     def __init__(self, config: KafkaConfig) -> None:
         self.config = config
         self.stats = KafkaStreamStats()
+        self._dead_letters = DeadLetterStep(
+            "Kafka",
+            f"group {config.group_id}",
+            config.dlq_topic,
+            "dlq_topic",
+            logger=log,
+            refused_error=_Refused,
+            failed_error=KafkaAdvanceError,
+        )
         self._executor: ThreadPoolExecutor | None = None
         self._opened = False
         self._closed = False
@@ -927,9 +940,8 @@ class KafkaStreamProducer(SharedStreamProducer):
                 except KafkaException as exc:
                     error = exc.args[0] if exc.args else None
                     if isinstance(error, KafkaError) and error.code() in _TOO_LARGE:
-                        self.stats.dead_letter_refused += 1
-                        raise KafkaAdvanceError(
-                            self._refused(delivery.message_id, size, topic, by_broker=False)
+                        raise self._refused(
+                            delivery.message_id, size, topic, by_broker=False
                         ) from exc
                     raise KafkaAdvanceError(
                         f"cannot dead-letter {delivery.message_id} ({size} bytes of key, value "
@@ -943,23 +955,16 @@ class KafkaStreamProducer(SharedStreamProducer):
             )
         if errors:
             refused = [(mid, size) for mid, size, e in errors if e.code() in _TOO_LARGE]
-            self.stats.dead_letter_refused += len(refused)
             if refused:
-                raise KafkaAdvanceError(self._refused(*refused[0], topic, by_broker=True))
+                raise self._refused(*refused[0], topic, by_broker=True, count=len(refused))
             mid, _, error = errors[0]
             raise KafkaAdvanceError(
                 f"dead-lettering to {topic!r} failed: {error.str()} (the copy of {mid}); "
                 "nothing was committed past it"
             )
-        self.stats.dead_lettered += len(items)
         for item in items:
-            log.info(
-                "Kafka record dead-lettered group=%s record=%s dlq=%s reasons=%s",
-                self.config.group_id,
-                item.broker_payload.message_id,
-                topic,
-                list(reject_reasons_of(item.outcome)),
-            )
+            self._dead_letters.copied(item.broker_payload.message_id, outcome_reason(item.outcome))
+        self.stats.dead_lettered = self._dead_letters.dead_lettered
 
     def _dlq_producer(self) -> Any:
         settings = self.config.dlq_settings()
@@ -971,31 +976,38 @@ class KafkaStreamProducer(SharedStreamProducer):
             settings["batch.size"] = min(limit, _LIBRDKAFKA_BATCH_SIZE)
         return Producer(settings)
 
-    def _refused(self, message_id: str, size: int, topic: str, *, by_broker: bool) -> str:
-        """What to tell about a dead-letter copy refused as too large, and what to change."""
+    def _refused(
+        self, message_id: str, size: int, topic: str, *, by_broker: bool, count: int = 1
+    ) -> DeadLetterRefused:
+        """A dead-letter copy refused as too large: counted, told, and the error to raise."""
         if by_broker:
             limit = "" if self._dlq_limit is None else f" of {self._dlq_limit} bytes"
             why = f"the broker refused it: over the max.message.bytes{limit} of topic {topic!r}"
         else:
             limit = self.config.dlq_settings()["message.max.bytes"]
             why = f"the DLQ producer refuses messages over its message.max.bytes of {limit} bytes"
-        return (
+        text = (
             f"cannot dead-letter {message_id}: its copy is {size} bytes (key, value and "
             f"headers) and {why}. Nothing was committed past it: the group fails on it until "
             f"the copy fits. Raise max.message.bytes on the DLQ topic {topic!r} and/or "
             f"message.max.bytes in dlq_client"
         )
+        refused = self._dead_letters.refuse(
+            text,
+            settings=(f"max.message.bytes of topic {topic}", "dlq_client.message.max.bytes"),
+            count=count,
+        )
+        self.stats.dead_letter_refused = self._dead_letters.refused
+        return refused
 
     def _drop(self, items: Sequence[AdvanceItem]) -> None:
-        self.stats.dropped += len(items)
         for item in items:
-            log.warning(
-                "Kafka record rejected with no dlq_topic: committed past and dropped group=%s "
-                "record=%s reasons=%s",
-                self.config.group_id,
+            self._dead_letters.drop(
                 item.broker_payload.message_id,
-                list(reject_reasons_of(item.outcome)),
+                outcome_reason(item.outcome),
+                why="committed past, no dlq_topic",
             )
+        self.stats.dropped = self._dead_letters.dropped
 
     def _commit(self, offsets: list[TopicPartition]) -> None:
         try:

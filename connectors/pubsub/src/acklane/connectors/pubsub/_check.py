@@ -13,12 +13,21 @@ import contextlib
 from pathlib import Path
 from typing import Any
 
-from acklane.core.errors import BrokerAuthError, ConnectorError
+from acklane.core.connectors import ErrorMap
+from acklane.core.errors import BrokerAuthError, BrokerUnreachable, ReceiveError
 
 from ._client import make_client
 from ._config import PubSubConfig
 
-__all__ = ["auth_error", "check_connection", "is_unreachable", "offline_problems"]
+__all__ = [
+    "ERRORS",
+    "PubSubErrors",
+    "auth_error",
+    "check_connection",
+    "grpc_code",
+    "is_unreachable",
+    "offline_problems",
+]
 
 _CREDENTIALS = ("credentials_file", "endpoint", "emulator_host")
 _AUTH_CODES = {
@@ -29,6 +38,8 @@ _AUTH_CODES = {
     ),
 }
 _UNREACHABLE_CODES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED"})
+#: Worth retrying at the next lease beat; anything else fails the group.
+_TRANSIENT_CODES = _UNREACHABLE_CODES | {"INTERNAL", "RESOURCE_EXHAUSTED", "ABORTED", "UNKNOWN"}
 
 
 def grpc_code(exc: BaseException) -> str:
@@ -77,8 +88,27 @@ def offline_problems(config: PubSubConfig) -> list[tuple[str, str]]:
     return []
 
 
-class _Unusable(ConnectorError):
-    """What the check found wrong, in a sentence naming the setting."""
+class PubSubErrors(ErrorMap):
+    """google.api_core's errors onto acklane's kinds (see :class:`ErrorMap`)."""
+
+    broker = "Pub/Sub"
+
+    def refusal(self, exc: BaseException, where: str) -> BrokerAuthError | None:
+        return auth_error(exc, where)
+
+    def unreachable(self, exc: BaseException) -> bool:
+        return is_unreachable(exc)
+
+    def transient(self, exc: BaseException) -> bool:
+        return grpc_code(exc) in _TRANSIENT_CODES or super().transient(exc)
+
+    def text(self, exc: BaseException) -> str:
+        code = grpc_code(exc)
+        return f"{code}: {_message(exc)}" if code else _message(exc)
+
+
+#: The one map of the connector's errors.
+ERRORS = PubSubErrors()
 
 
 async def check_connection(config: PubSubConfig, call_timeout: float) -> str:
@@ -120,9 +150,9 @@ async def _call(method: Any, field: str, endpoint: str, call_timeout: float, **k
             raise refused from None
         code = grpc_code(exc)
         if code == "NOT_FOUND":
-            raise _Unusable(f"no such {field.replace('_', ' ')}: {what} ({field})") from None
+            raise ReceiveError(f"no such {field.replace('_', ' ')}: {what} ({field})") from None
         if code in _UNREACHABLE_CODES:
-            raise _Unusable(
+            raise BrokerUnreachable(
                 f"no answer from the Pub/Sub endpoint ({endpoint}) within {call_timeout:g}s: "
                 f"{code}: {_message(exc)}"
             ) from None

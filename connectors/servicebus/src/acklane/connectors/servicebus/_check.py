@@ -18,11 +18,12 @@ from azure.servicebus.exceptions import (
     ServiceBusConnectionError,
 )
 
-from acklane.core.errors import BrokerAuthError, ConnectorError
+from acklane.core.connectors import ErrorMap
+from acklane.core.errors import BrokerAuthError, BrokerUnreachable, ReceiveError
 
 from ._config import ServiceBusConfig
 
-__all__ = ["UNREACHABLE", "auth_error", "check_connection"]
+__all__ = ["ERRORS", "UNREACHABLE", "ServiceBusErrors", "auth_error", "check_connection"]
 
 #: The namespace does not answer (the SDK retried already).
 UNREACHABLE = (ServiceBusConnectionError,)
@@ -52,8 +53,28 @@ def auth_error(exc: BaseException, where: str) -> BrokerAuthError | None:
     return None
 
 
-class _Unusable(ConnectorError):
-    """What the check found wrong, in a sentence naming the setting."""
+class ServiceBusErrors(ErrorMap):
+    """azure-servicebus's errors onto acklane's kinds (see :class:`ErrorMap`)."""
+
+    broker = "Service Bus"
+
+    def refusal(self, exc: BaseException, where: str) -> BrokerAuthError | None:
+        return auth_error(exc, where)
+
+    def unreachable(self, exc: BaseException) -> bool:
+        return isinstance(exc, UNREACHABLE)
+
+    def transient(self, exc: BaseException) -> bool:
+        # A lock that cannot be renewed lapses and its message comes again: a renewal
+        # never fails the group, whatever went wrong.
+        return True
+
+    def text(self, exc: BaseException) -> str:
+        return _text(exc)
+
+
+#: The one map of the connector's errors.
+ERRORS = ServiceBusErrors()
 
 
 async def check_connection(config: ServiceBusConfig, call_timeout: float, client: Any) -> str:
@@ -74,10 +95,10 @@ async def check_connection(config: ServiceBusConfig, call_timeout: float, client
             async with receiver:
                 peeked = await receiver.peek_messages(max_message_count=1, timeout=call_timeout)
         except MessagingEntityNotFoundError:
-            raise _Unusable(f"no such entity {config.entity} ({field})") from None
+            raise ReceiveError(f"no such entity {config.entity} ({field})") from None
         except UNREACHABLE as exc:
             where = "connection_string" if config.connection_string else "fully_qualified_namespace"
-            raise _Unusable(
+            raise BrokerUnreachable(
                 f"cannot reach namespace {config.namespace} ({where}): {_text(exc)}"
             ) from None
         except Exception as exc:

@@ -20,13 +20,16 @@ from botocore.exceptions import (
     EndpointConnectionError,
     NoCredentialsError,
     PartialCredentialsError,
+    ReadTimeoutError,
 )
+from botocore.exceptions import ConnectionError as BotoConnectionError
 
-from acklane.core.errors import BrokerAuthError, ConnectorError
+from acklane.core.connectors import ErrorMap
+from acklane.core.errors import BrokerAuthError, BrokerUnreachable, ReceiveError
 
 from ._config import SqsConfig
 
-__all__ = ["auth_error", "check_connection"]
+__all__ = ["ERRORS", "SqsErrors", "auth_error", "check_connection", "error_code", "reveal"]
 
 _CREDENTIALS = (
     "aws_access_key_id",
@@ -92,21 +95,61 @@ def auth_error(exc: BaseException, where: str) -> BrokerAuthError | None:
     return None
 
 
-def _reveal(secret: Any) -> str | None:
+def reveal(secret: Any) -> str | None:
+    """A ``SecretStr``'s value, for the SDK only (never for a log line)."""
     return None if secret is None else str(secret.get_secret_value())
 
 
-class _Unusable(ConnectorError):
-    """What the check found wrong, in a sentence naming the setting."""
+def error_code(exc: ClientError) -> str:
+    return str(exc.response.get("Error", {}).get("Code", ""))
+
+
+#: The endpoint did not answer (botocore retried already): wait, the stream goes on.
+_UNREACHABLE = (BotoConnectionError, ReadTimeoutError)
+#: Error codes worth retrying at the next heartbeat; any other ClientError fails the group.
+_TRANSIENT = frozenset(
+    {
+        "Throttling",
+        "ThrottlingException",
+        "RequestThrottled",
+        "TooManyRequestsException",
+        "ServiceUnavailable",
+        "InternalError",
+        "InternalFailure",
+        "RequestTimeout",
+        "RequestTimeoutException",
+    }
+)
+
+
+class SqsErrors(ErrorMap):
+    """botocore's errors onto acklane's kinds (see :class:`ErrorMap`)."""
+
+    broker = "SQS"
+
+    def refusal(self, exc: BaseException, where: str) -> BrokerAuthError | None:
+        return auth_error(exc, where)
+
+    def unreachable(self, exc: BaseException) -> bool:
+        return isinstance(exc, _UNREACHABLE)
+
+    def transient(self, exc: BaseException) -> bool:
+        # An SQS answer is transient only by its code (AccessDenied is not: leases would
+        # lapse under the watchers); anything that is no answer is worth another beat.
+        return not isinstance(exc, ClientError) or error_code(exc) in _TRANSIENT
+
+
+#: The one map of the connector's errors.
+ERRORS = SqsErrors()
 
 
 async def check_connection(config: SqsConfig, call_timeout: float) -> str:
     """Read the queue's attributes and its dead-letter queue's (one try each)."""
     session = aioboto3.Session(
         profile_name=config.profile,
-        aws_access_key_id=_reveal(config.aws_access_key_id),
-        aws_secret_access_key=_reveal(config.aws_secret_access_key),
-        aws_session_token=_reveal(config.aws_session_token),
+        aws_access_key_id=reveal(config.aws_access_key_id),
+        aws_secret_access_key=reveal(config.aws_secret_access_key),
+        aws_session_token=reveal(config.aws_session_token),
         region_name=config.region,
     )
     client_config = AioConfig(
@@ -135,7 +178,7 @@ async def check_connection(config: SqsConfig, call_timeout: float) -> str:
                 arn = str(json.loads(attributes["RedrivePolicy"])["deadLetterTargetArn"])
                 _, _, _, _, account, name = arn.split(":", 5)
             except (ValueError, KeyError, TypeError) as exc:
-                raise _Unusable(f"{found}, but its RedrivePolicy is unreadable: {exc}") from None
+                raise ReceiveError(f"{found}, but its RedrivePolicy is unreadable: {exc}") from None
             dlq_field = "the queue's RedrivePolicy"
             dlq = await _call(
                 client.get_queue_url, dlq_field, QueueName=name, QueueOwnerAWSAccountId=account
@@ -154,15 +197,17 @@ async def _call(method: Any, field: str, **kwargs: Any) -> Any:
     try:
         response = await method(**kwargs)
     except EndpointConnectionError as exc:
-        raise _Unusable(f"cannot reach the SQS endpoint (endpoint_url, region): {exc}") from None
+        raise BrokerUnreachable(
+            f"cannot reach the SQS endpoint (endpoint_url, region): {exc}"
+        ) from None
     except ClientError as exc:
         refused = auth_error(exc, f"queue {what}")
         if refused is not None:
             raise refused from None
         code, message, _ = _code_and_message(exc)
         if code in _NO_QUEUE:
-            raise _Unusable(f"no such queue {what} ({field})") from None
-        raise _Unusable(f"queue {what} ({field}): {code}: {message}") from None
+            raise ReceiveError(f"no such queue {what} ({field})") from None
+        raise ReceiveError(f"queue {what} ({field}): {code}: {message}") from None
     except Exception as exc:
         refused = auth_error(exc, f"queue {what}")
         if refused is not None:

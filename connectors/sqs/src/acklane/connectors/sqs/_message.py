@@ -95,6 +95,8 @@ class SqsDelivery:
     visible_until: float
     #: The heartbeat may no longer extend it (lease lost, or the 12-hour cap reached).
     extension_stopped: bool = False
+    #: The number of the receive that returned it (FIFO groups' holds compare it).
+    stamp: int = 0
 
     @property
     def message_id(self) -> str:

@@ -1,0 +1,66 @@
+"""How a Service Bus receiver's connection is shared, and how much each receive asks for.
+
+The SDK reads and writes a connection under one lock, and a read that finds
+nothing holds it up to the socket timeout (0.2 s): a settlement waiting for its
+answer while another task reads, or a receive reading while settlements wait to
+be written, stalls them all that long. So one user at a time uses a receiver's
+connection (:meth:`ReceivePacing.lock`): each read then waits for an answer that
+is on its way.
+
+A receive returns once it has the count asked for; short of it, only after a
+pause in the transfers that the SDK notices with a read timing out (its socket
+timeout, 0.2 s) past ``max_wait_time`` or 0.2 s after the first message. So
+receives ask for one message (it returns the moment one arrives) until a
+backlog shows, as ``max_batch`` receives of one in a row that each found their
+message there; then for ``max_batch`` (fewer calls) until a batch comes short
+(:meth:`ReceivePacing.count`). And while a receiver has messages the engine
+holds, a receive waits at most ``busy_wait``: their settlements should not wait
+behind a long empty receive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Hashable
+
+__all__ = ["ReceivePacing"]
+
+#: A receive of one message that took less found it there (no wait): a backlog sign.
+QUICK = 0.001
+
+
+class ReceivePacing:
+    """The connection locks and receive sizes of a producer's receivers."""
+
+    def __init__(self, max_batch: int, max_wait_time: float, busy_wait: float) -> None:
+        self.max_batch = max_batch
+        self.max_wait_time = max_wait_time
+        self.busy_wait = busy_wait
+        self._locks: dict[Hashable, asyncio.Lock] = {}
+        #: Receives in a row that returned all they asked for at once.
+        self._streak: dict[Hashable, int] = {}
+
+    def lock(self, receiver: Hashable) -> asyncio.Lock:
+        """The lock of whoever uses ``receiver``'s connection to receive or settle."""
+        lock = self._locks.get(receiver)
+        if lock is None:
+            lock = self._locks[receiver] = asyncio.Lock()
+        return lock
+
+    def count(self, receiver: Hashable) -> int:
+        """How many messages the next receive asks for: 1, or ``max_batch`` in a backlog."""
+        batch = self.max_batch
+        return batch if self._streak.get(receiver, 0) >= batch else 1
+
+    def wait_time(self, busy: bool) -> float:
+        """``max_wait_time``, cut short while the receiver has messages the engine holds."""
+        return min(self.max_wait_time, self.busy_wait) if busy else self.max_wait_time
+
+    def received(self, receiver: Hashable, got: int, asked: int, took: float) -> None:
+        """A receive of ``asked`` returned ``got`` messages in ``took`` seconds."""
+        full = got == asked and (asked > 1 or took < QUICK)
+        self._streak[receiver] = self._streak.get(receiver, 0) + 1 if full else 0
+
+    def forget(self, receiver: Hashable) -> None:
+        self._locks.pop(receiver, None)
+        self._streak.pop(receiver, None)
