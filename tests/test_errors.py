@@ -84,6 +84,10 @@ BRANCHES: dict[str, type[AcklaneError]] = {
     "acklane.core.sinks._registry.UnknownSinkKind": AcklaneError,
     "acklane.core.sinks._outbox.LeaseLost": AcklaneError,
     "acklane.core.sinks.webhook.SignatureError": AcklaneError,
+    "acklane.core.sinks._airflow_client.UnsureDelivery": AcklaneError,
+    "acklane.core.sinks._airflow_client.CredentialsRefused": AcklaneError,
+    "acklane.integration.airflow.AirflowServerError": AcklaneError,
+    "acklane.integration.airflow.AirflowNotInstalled": AcklaneError,
     # tooling: the demo and the emulators
     "acklane.core.cli.demo.DemoBrokerUnavailable": AcklaneError,
     "acklane.core.cli.demo.UnknownDemoBroker": AcklaneError,
