@@ -202,7 +202,7 @@ def test_config_show_prints_the_resolved_configuration(
         "topics": ["orders"],
         "group_id": "acklane",
         "partitions": 3,
-        "dlq_topic": None,
+        "dead_letter": None,
         "batch_size": 256,
         "poll_interval": 1.0,
         "max_attempts": 5,

@@ -14,7 +14,7 @@ from acklane.connectors.memory import (
     MemoryBroker,
     MemoryConfig,
     MemoryConnector,
-    MemoryProducer,
+    MemoryStreamProducer,
 )
 from acklane.core.config import AcklaneConfig, ConfigError, load_config, parse_config
 from acklane.core.message import RawMessage
@@ -34,7 +34,7 @@ streams:
     connector: memory
     broker: cfg-test
     topics: [orders]
-    dlq_topic: orders.dlq
+    dead_letter: orders.dlq
 watchers:
   - name: big-orders
     stream: orders
@@ -83,7 +83,7 @@ def test_a_valid_file_gives_engine_store_streams_and_watchers(tmp_path: Path) ->
     stream = config.streams["orders"]
     assert stream.connector is MemoryConnector
     assert isinstance(stream.config, MemoryConfig)
-    assert stream.config.dlq_topic == "orders.dlq"
+    assert stream.config.dead_letter == "orders.dlq"
     assert stream.key == ("acklane", "memory", "cfg-test", ("orders",), "acklane")
     assert [w.name for w in config.watchers] == ["big-orders", "everything"]
     assert config.watcher("big-orders").asset == "big_orders"
@@ -229,19 +229,19 @@ def test_connector_field_errors_map_back_to_their_line(tmp_path: Path) -> None:
 
 
 def test_an_unknown_connector_field_lists_the_connectors_fields(tmp_path: Path) -> None:
-    path = write(tmp_path, VALID.replace("dlq_topic:", "dead_letter_topic:"))
+    path = write(tmp_path, VALID.replace("dead_letter:", "dead_letter_topics:"))
     message = error(path)
     assert (
-        f"{path}:{line(path, 'dead_letter_topic')}: streams.orders.dead_letter_topic: unknown field"
-        in message
+        f"{path}:{line(path, 'dead_letter_topics')}: streams.orders.dead_letter_topics: "
+        "unknown field" in message
     )
-    assert "dlq_topic" in message
+    assert "'dead_letter'" in message
 
 
 def test_a_connector_model_check_is_reported_at_the_stream(tmp_path: Path) -> None:
-    path = write(tmp_path, VALID.replace("dlq_topic: orders.dlq", "dlq_topic: orders"))
+    path = write(tmp_path, VALID.replace("dead_letter: orders.dlq", "dead_letter: orders"))
     assert (
-        f"{path}:{line(path, '  orders:')}: streams.orders: dlq_topic 'orders' is also consumed"
+        f"{path}:{line(path, '  orders:')}: streams.orders: dead_letter 'orders' is also consumed"
         in error(path)
     )
 
@@ -404,7 +404,11 @@ def test_a_trigger_serializes_to_json_kwargs_that_rebuild_it(config: AcklaneConf
         "name": "big-orders",
         "stream": "orders",
         "connector": "memory",
-        "connector_config": {"broker": "cfg-test", "topics": ["orders"], "dlq_topic": "orders.dlq"},
+        "connector_config": {
+            "broker": "cfg-test",
+            "topics": ["orders"],
+            "dead_letter": "orders.dlq",
+        },
         "filter_spec": {"match": {"body.amount": {"gt": 100}}},
         "asset": "big_orders",
     }
@@ -415,8 +419,8 @@ def test_a_trigger_serializes_to_json_kwargs_that_rebuild_it(config: AcklaneConf
 def test_the_producer_is_built_from_the_first_subscribers_kwargs(config: AcklaneConfig) -> None:
     _, kwargs = build_watchers(config)[0].serialize()
     producer = WatcherTrigger.create_shared_stream_producer(kwargs)
-    assert isinstance(producer, MemoryProducer)
-    assert producer.config.dlq_topic == "orders.dlq"
+    assert isinstance(producer, MemoryStreamProducer)
+    assert producer.config.dead_letter == "orders.dlq"
 
 
 async def test_a_triggers_filter_turns_raw_messages_into_trigger_events(
@@ -503,7 +507,7 @@ def test_a_missing_variable_is_one_problem_not_two(tmp_path: Path) -> None:
     path = write(
         tmp_path,
         VALID.replace("ack_timeout: 60", "ack_timeout: ${ACK_TIMEOUT}").replace(
-            "dlq_topic: orders.dlq", "dlq_topic: ${DLQ}\n    partitions: ${PARTS}"
+            "dead_letter: orders.dlq", "dead_letter: ${DLQ}\n    partitions: ${PARTS}"
         ),
     )
     with pytest.raises(ConfigError) as info:
@@ -524,11 +528,13 @@ def test_a_value_no_union_member_accepts_is_one_problem(tmp_path: Path) -> None:
 
 
 def test_two_fields_with_one_wrong_value_stay_two_problems(tmp_path: Path) -> None:
-    path = write(tmp_path, VALID.replace("dlq_topic: orders.dlq", "dlq_topic: 5\n    group_id: 5"))
+    path = write(
+        tmp_path, VALID.replace("dead_letter: orders.dlq", "dead_letter: 5\n    group_id: 5")
+    )
     with pytest.raises(ConfigError) as info:
         load_config(path, env={})
     assert [p.path for p in info.value.problems] == [
-        "streams.orders.dlq_topic",
+        "streams.orders.dead_letter",
         "streams.orders.group_id",
     ]
 

@@ -32,7 +32,7 @@ from acklane.integration.kafka import KafkaKit
 def pipeline_yaml(
     kafka_kit: KafkaKit, db: Path, topic: str, group: str, watchers: str, *, dlq: str | None = None
 ) -> str:
-    dlq_line = f"    dlq_topic: {dlq}\n" if dlq else ""
+    dlq_line = f"    dead_letter: {dlq}\n" if dlq else ""
     return (
         textwrap.dedent(
             f"""\

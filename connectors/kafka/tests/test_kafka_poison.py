@@ -48,7 +48,7 @@ def pipeline(
         bootstrap_servers: {kafka_kit.bootstrap_servers}
         topics: [{topic}]
         group_id: {group}
-        dlq_topic: {dlq}
+        dead_letter: {dlq}
         poll_timeout: 0.05
         max_attempts: {max_attempts}
         client:

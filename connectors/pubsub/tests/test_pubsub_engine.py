@@ -137,7 +137,7 @@ async def test_a_rejected_message_reaches_the_dead_letter_topic_with_the_reason(
     [poison_id] = await kit.publish(topic, ["poison"])
     await kit.publish(topic, ["fine"])
     async with run_engine() as e:
-        e.watch("w", Rejecting(subscription=sub, dead_letter_topic=dlq, **settings))
+        e.watch("w", Rejecting(subscription=sub, dead_letter=dlq, **settings))
         await eventually(lambda: e.bodies("w") == ["fine"], "the fine one fired")
         await eventually(lambda: Watcher.producers[0].dead_lettered == 1, "dead-lettered")
     [copy] = await kit.drain(dlq_sub, expect=1)
@@ -194,7 +194,7 @@ def write_config(path: Path, settings: dict[str, Any], subscription: str) -> Pat
                 subscription: "{subscription}"
                 emulator_host: "{settings["emulator_host"]}"
                 ack_deadline: 2
-                max_messages: 5
+                batch_size: 5
                 max_outstanding: 10
             watchers:
               - name: every-job

@@ -36,7 +36,7 @@ async def kit(settings: dict[str, Any]) -> AsyncIterator[PubSubKit]:
 def pipeline(tmp_path: Path, settings: dict[str, Any], sub: str, dlq: str) -> AcklaneConfig:
     stream = f"""\
         subscription: "{sub}"
-        dead_letter_topic: "{dlq}"
+        dead_letter: "{dlq}"
         emulator_host: "{settings["emulator_host"]}"
         project: "{settings["project"]}"
         advance_linger: 0.01

@@ -86,8 +86,8 @@ def test_configuration_errors_name_the_field() -> None:
         PubSubConfig(subscription="orders")
     with pytest.raises(ValidationError, match="ack_deadline"):
         PubSubConfig(project="p", subscription="orders", ack_deadline=601)
-    with pytest.raises(ValidationError, match="max_messages"):
-        PubSubConfig(project="p", subscription="orders", max_messages=0)
+    with pytest.raises(ValidationError, match="batch_size"):
+        PubSubConfig(project="p", subscription="orders", batch_size=0)
     with pytest.raises(ValidationError, match="extra"):
         PubSubConfig(project="p", subscription="orders", queue="x")  # type: ignore[call-arg]
     with pytest.raises(ValidationError, match="subscription"):
@@ -97,12 +97,12 @@ def test_configuration_errors_name_the_field() -> None:
 
 
 def test_the_stream_key_is_project_subscription_and_endpoint() -> None:
-    a = PubSubConfig(project="p", subscription="orders", emulator_host="h:1", max_messages=5)
+    a = PubSubConfig(project="p", subscription="orders", emulator_host="h:1", batch_size=5)
     b = PubSubConfig(subscription="projects/p/subscriptions/orders", emulator_host="h:1")
     c = PubSubConfig(project="p", subscription="orders", emulator_host="h:2")
     assert a.stream_key() == b.stream_key() == ("pubsub", "p", a.subscription_path, "h:1")
     assert c.stream_key() != a.stream_key()
-    d = PubSubConfig(project="p", subscription="orders", dead_letter_topic="dlq")
+    d = PubSubConfig(project="p", subscription="orders", dead_letter="dlq")
     assert d.dead_letter_topic_path == "projects/p/topics/dlq"
 
 
@@ -121,7 +121,7 @@ async def test_a_clean_batch_is_acked_in_one_call(kit: PubSubKit, settings: dict
         await o.producer.advance([AdvanceItem(p, CLEAN) for _, p in pairs])
         await o.producer.flush()
         assert o.producer.api_calls - calls == 1  # one Acknowledge for the whole batch
-        assert o.producer.counters()["deleted"] == 20
+        assert o.producer.counters()["acked"] == 20
     await asyncio.sleep(0.1)
     assert await pull_now(kit, sub) == []
 
@@ -171,7 +171,7 @@ async def test_an_unclaimed_message_is_not_acked(kit: PubSubKit, settings: dict[
         await o.advance((delivery, NOBODY))
         [(again, delivery2)] = await o.take(1)
         assert again.text() == "nobody"
-        assert o.producer.counters()["deleted"] == 0
+        assert o.producer.counters()["acked"] == 0
         await o.advance((delivery2, CLEAN))
 
 
@@ -182,7 +182,7 @@ async def test_a_rejected_message_is_copied_to_the_dead_letter_topic_then_acked(
     sub = await kit.create_subscription(topic)
     dlq_sub = await kit.create_subscription(dlq)
     [mid] = await kit.publish(topic, ["poison"], attributes={"origin": "app"})
-    config = PubSubConfig(subscription=sub, dead_letter_topic=dlq, **settings)
+    config = PubSubConfig(subscription=sub, dead_letter=dlq, **settings)
     async with Open(config) as o:
         [(_, delivery)] = await o.take(1)
         await o.advance((delivery, rejected()))
@@ -266,11 +266,11 @@ async def test_messages_of_a_key_delivered_with_a_failed_one_are_not_acked_past_
         await o.advance((pairs[0][1], FAILED), (pairs[1][1], CLEAN))
         await o.advance((pairs[2][1], CLEAN))
         assert o.producer.counters()["held"] == 2
-        assert o.producer.counters()["deleted"] == 0
+        assert o.producer.counters()["acked"] == 0
         again = await o.take(3)
         assert sorted(m.text() for m, _ in again) == ["k1", "k2", "k3"]
         await o.advance(*[(d, CLEAN) for _, d in again])  # pulled after the nack: acked
-        assert o.producer.counters()["deleted"] == 3
+        assert o.producer.counters()["acked"] == 3
 
 
 async def test_flow_control_bounds_what_is_outstanding(
@@ -279,7 +279,7 @@ async def test_flow_control_bounds_what_is_outstanding(
     topic = await kit.create_topic()
     sub = await kit.create_subscription(topic)
     await kit.publish(topic, [f"m{i}" for i in range(10)])
-    config = PubSubConfig(subscription=sub, max_outstanding=4, max_messages=3, **settings)
+    config = PubSubConfig(subscription=sub, max_outstanding=4, batch_size=3, **settings)
     async with Open(config) as o:
         first = await o.take(4)
         pending = asyncio.ensure_future(anext(o.stream))

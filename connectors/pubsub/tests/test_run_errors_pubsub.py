@@ -55,7 +55,7 @@ async def test_connect_to_a_subscription_and_its_dead_letter_topic(
         check = await _check(
             tmp_path,
             f"project: {kit.project}\nemulator_host: {kit.host}\nsubscription: {sub}\n"
-            f"dead_letter_topic: {dlq}\n",
+            f"dead_letter: {dlq}\n",
         )
     assert check.status == "ok", check
     assert f"subscription {sub} (topic {topic}) readable" in check.detail
@@ -69,13 +69,13 @@ async def test_connect_names_what_does_not_exist(tmp_path: Path, settings: dict[
         stream = f"project: {kit.project}\nemulator_host: {kit.host}\n"
         no_sub = await _check(tmp_path, stream + "subscription: no-such-sub\n")
         no_dlq = await _check(
-            tmp_path, stream + f"subscription: {sub}\ndead_letter_topic: no-such-topic\n"
+            tmp_path, stream + f"subscription: {sub}\ndead_letter: no-such-topic\n"
         )
     assert no_sub.status == "failed"
     assert "no such subscription" in no_sub.detail and "(subscription)" in no_sub.detail
     assert no_dlq.status == "failed"
-    assert "no such dead letter topic" in no_dlq.detail
-    assert "(dead_letter_topic)" in no_dlq.detail
+    assert "no such dead-letter topic" in no_dlq.detail
+    assert "(dead_letter)" in no_dlq.detail
 
 
 async def test_connect_to_an_endpoint_that_does_not_answer(tmp_path: Path) -> None:

@@ -26,9 +26,9 @@ from azure.servicebus.aio import ServiceBusReceiver
 from azure.servicebus.exceptions import ServiceBusError
 
 from acklane.connectors.servicebus import (
-    ServiceBusRecord,
+    ServiceBusMessage,
+    ServiceBusMessageTrigger,
     ServiceBusStreamProducer,
-    ServiceBusTrigger,
 )
 from acklane.core.config import parse_config
 from acklane.core.events import EventStore
@@ -41,7 +41,7 @@ from acklane.integration.testing import EngineDriver, eventually, run_engine
 # ------------------------------------------------------------------------ watchers
 
 
-class Watcher(ServiceBusTrigger):
+class Watcher(ServiceBusMessageTrigger):
     """One trigger event per message; remembers the producers the engine made."""
 
     producers: ClassVar[list[ServiceBusStreamProducer]] = []
@@ -58,11 +58,11 @@ class Watcher(ServiceBusTrigger):
             if self.accepts(record):
                 yield TriggerEvent(payload(record))
 
-    def accepts(self, record: ServiceBusRecord) -> bool:
+    def accepts(self, record: ServiceBusMessage) -> bool:
         return True
 
 
-def payload(record: ServiceBusRecord) -> dict[str, Any]:
+def payload(record: ServiceBusMessage) -> dict[str, Any]:
     return {
         "body": record.text(),
         "session": record.session_id,
@@ -74,7 +74,7 @@ def payload(record: ServiceBusRecord) -> dict[str, Any]:
 class Rejecting(Watcher):
     """Rejects the message whose body is ``poison``, with a reason."""
 
-    def accepts(self, record: ServiceBusRecord) -> bool:
+    def accepts(self, record: ServiceBusMessage) -> bool:
         if record.text() == "poison":
             reject_shared_stream_event("poison pill: not an order")
             return False
@@ -249,7 +249,7 @@ def pipeline_yaml(db: Path, queue: str) -> str:
             connection_string: "${{SB_CONNECTION}}"
             queue: "{queue}"
             max_wait_time: 1
-            max_batch: 10
+            batch_size: 10
             prefetch: 10
         watchers:
           - name: every-job

@@ -79,7 +79,7 @@ def test_connect_to_a_queue_and_its_dead_letter_queue(
     tmp_path: Path, sqs_emulator: Emulator, queues: dict[str, str]
 ) -> None:
     endpoint = sqs_emulator.client_settings()["endpoint_url"]
-    stream = _stream(endpoint, queues["queue"], extra=f"dead_letter_queue_url: {queues['dlq']}\n")
+    stream = _stream(endpoint, queues["queue"], extra=f"dead_letter: {queues['dlq']}\n")
     code, check = _check(tmp_path, stream)
     assert code == 0, check
     assert check["status"] == "ok"
@@ -91,10 +91,10 @@ def test_connect_names_a_missing_dead_letter_queue(
 ) -> None:
     endpoint = sqs_emulator.client_settings()["endpoint_url"]
     missing = queues["dlq"] + "-gone"
-    stream = _stream(endpoint, queues["queue"], extra=f"dead_letter_queue_url: {missing}\n")
+    stream = _stream(endpoint, queues["queue"], extra=f"dead_letter: {missing}\n")
     code, check = _check(tmp_path, stream)
     assert code == 3
-    assert f"no such queue {missing} (dead_letter_queue_url)" in check["detail"]
+    assert f"no such queue {missing} (dead_letter)" in check["detail"]
 
 
 def test_connect_with_keys_aws_does_not_know(tmp_path: Path, strict_moto: str) -> None:

@@ -27,7 +27,7 @@ def pipeline(
     monkeypatch.setenv("TEST_SQS_SECRET", settings["aws_secret_access_key"])
     stream = f"""\
         queue_url: "{queue}"
-        dead_letter_queue_url: "{dlq}"
+        dead_letter: "{dlq}"
         endpoint_url: "{settings["endpoint_url"]}"
         region: "{settings["region"]}"
         aws_access_key_id: "${{TEST_SQS_KEY_ID}}"

@@ -11,6 +11,7 @@ from pydantic import BaseModel
 from ..connectors import Connector
 from ..pipeline.filters import CompiledFilter
 from ..stores.settings import StateStoreSettings
+from ._errors import ConfigProblem
 from ._models import EngineSettings, MetricsSettings, StoreSettings
 
 
@@ -62,6 +63,8 @@ class AcklaneConfig:
     watchers: tuple[WatcherConfig, ...]
     #: The secret values of the file (acklane.core.observe.redact's rule), masked in all output.
     secrets: frozenset[str] = field(default=frozenset(), repr=False)
+    #: Old names of settings the file uses (they still work), each at its file:line.
+    deprecations: tuple[ConfigProblem, ...] = ()
 
     def watcher(self, name: str) -> WatcherConfig:
         for w in self.watchers:

@@ -6,6 +6,10 @@
 - :func:`verdict` and :class:`Verdict`: what to do with one resolved message;
 - :class:`Action`: the names a producer's ``counters()`` may use;
 - :class:`CommitLedger`: holds, floors and commit plans of a cumulative-commit broker;
+- :class:`StreamSettings` and :class:`LeaseStreamSettings`: the settings every
+  stream block shares (``max_attempts``, ``dead_letter``; the lease brokers'
+  ``redelivery_backoff``, ``restart_lease_hold``, ``advance_linger``, ``heartbeat``),
+  one name for one idea on every broker, old names still read with a warning;
 - :class:`Reachability`: whether the broker answers, told once per change, the
   source of a producer's ``broker_problem()`` (``/readyz``);
 - :class:`Publisher` and :class:`OutgoingMessage`: the optional sending side
@@ -21,10 +25,21 @@ from ._ledger import CommitLedger, CommitPlan, LedgerEntry
 from ._publish import OutgoingMessage, Publisher, PublishError, PublishNotSupported
 from ._reachability import Reachability
 from ._registry import ENTRY_POINT_GROUP, UnknownConnector, available_connectors, load_connector
+from ._stream_settings import (
+    DEFAULT_MAX_ATTEMPTS,
+    HeartbeatSettings,
+    LeaseStreamSettings,
+    MaxAttempts,
+    RedeliveryBackoff,
+    StreamSettings,
+    deprecated_names,
+    rename_fields,
+)
 from ._trigger import ConnectorTrigger
 from ._verdict import Verdict, verdict
 
 __all__ = [
+    "DEFAULT_MAX_ATTEMPTS",
     "ENTRY_POINT_GROUP",
     "Action",
     "CommitLedger",
@@ -32,15 +47,22 @@ __all__ = [
     "ConfigT",
     "Connector",
     "ConnectorTrigger",
+    "HeartbeatSettings",
+    "LeaseStreamSettings",
     "LedgerEntry",
+    "MaxAttempts",
     "OutgoingMessage",
     "PublishError",
     "PublishNotSupported",
     "Publisher",
     "Reachability",
+    "RedeliveryBackoff",
+    "StreamSettings",
     "UnknownConnector",
     "Verdict",
     "available_connectors",
+    "deprecated_names",
     "load_connector",
+    "rename_fields",
     "verdict",
 ]

@@ -8,7 +8,7 @@ Unary ``Pull`` / ``Acknowledge`` / ``ModifyAckDeadline`` on ``SubscriberAsyncCli
   engine's ``ack_timeout`` decides that a watcher failed. ``max_outstanding``
   bounds them: the poll waits while it is reached.
 - Clean: ``Acknowledge``, batched (``advance_linger``).
-- Rejected: a copy to ``dead_letter_topic`` (origin and reason attributes), the
+- Rejected: a copy to ``dead_letter`` (origin and reason attributes), the
   publish awaited, then the ack; without one, when the subscription has a
   dead-letter policy, a nack (Pub/Sub dead-letters it after
   ``max_delivery_attempts``); with neither, an ack counted as dropped.
@@ -55,7 +55,7 @@ from acklane.core.producer import AdvanceItem, AdvanceOutcome, SharedStreamProdu
 from ._check import auth_error, is_unreachable
 from ._client import make_client
 from ._config import PubSubConfig
-from ._message import PubSubDelivery, PubSubMessage
+from ._message import PubSubDelivery, PubSubMessage, publish_stamp_of
 
 __all__ = [
     "DEAD_LETTER_ATTRIBUTES",
@@ -105,7 +105,7 @@ class PubSubConnectorError(ConnectorError):
 _PARKED: dict[tuple[Hashable, ...], list[PubSubDelivery]] = {}
 
 
-class PubSubStreamProducer(SharedStreamProducer):
+class PubSubStreamProducer(SharedStreamProducer[PubSubDelivery]):
     """One group's poll of a Pub/Sub subscription (see the module docstring)."""
 
     #: A parked lease is taken over only with at least this many seconds left: the
@@ -187,16 +187,16 @@ class PubSubStreamProducer(SharedStreamProducer):
             policy = sub.dead_letter_policy
             self.has_dead_letter_policy = bool(policy and policy.dead_letter_topic)
             self.ordered = bool(sub.enable_message_ordering)
-        if self.config.dead_letter_topic is None:
+        if self.config.dead_letter is None:
             if self.has_dead_letter_policy:
                 log.info(
                     "Pub/Sub subscription %s: rejected messages are nacked, for its dead-letter "
-                    "policy to move them after max_delivery_attempts (no dead_letter_topic set)",
+                    "policy to move them after max_delivery_attempts (no dead_letter set)",
                     self.subscription,
                 )
             else:
                 log.warning(
-                    "Pub/Sub subscription %s has no dead-letter policy and no dead_letter_topic "
+                    "Pub/Sub subscription %s has no dead-letter policy and no dead_letter "
                     "is configured: rejected messages will be acked and DROPPED",
                     self.subscription,
                 )
@@ -209,22 +209,22 @@ class PubSubStreamProducer(SharedStreamProducer):
 
     def _heartbeat_interval(self) -> float:
         shortest = min(self.subscription_deadline, self.config.ack_deadline)
-        interval = min(self.config.heartbeat_interval or shortest / 4, shortest / 4)
+        interval = min(self.config.heartbeat.interval or shortest / 4, shortest / 4)
         return max(interval, 0.05)
 
     # ------------------------------------------------------------------ poll
 
-    async def open_stream(self) -> AsyncIterator[tuple[Any, Any]]:
+    async def open_stream(self) -> AsyncIterator[tuple[PubSubMessage, PubSubDelivery]]:
         async for batch in self._batches():
             self._unyielded = {delivery.ack_id for _, delivery in batch}
             for pair in batch:
                 self._unyielded.discard(pair[1].ack_id)
                 yield pair
 
-    def open_batches(self) -> AsyncIterator[Iterable[tuple[Any, Any]]] | None:
+    def open_batches(self) -> AsyncIterator[Iterable[tuple[PubSubMessage, PubSubDelivery]]] | None:
         return self._batches()
 
-    async def _batches(self) -> AsyncIterator[list[tuple[Any, Any]]]:
+    async def _batches(self) -> AsyncIterator[list[tuple[PubSubMessage, PubSubDelivery]]]:
         await self._start()
         empty = 0
         while True:
@@ -248,7 +248,7 @@ class PubSubStreamProducer(SharedStreamProducer):
                     self._room.clear()
                 continue
             try:
-                batch = await self._pull(min(self.config.max_messages, room))
+                batch = await self._pull(min(self.config.batch_size, room))
             except Exception as exc:
                 refused = auth_error(exc, f"pulling from {self.subscription}")
                 if refused is not None:
@@ -266,7 +266,7 @@ class PubSubStreamProducer(SharedStreamProducer):
             empty = 0
             yield batch
 
-    async def _pull(self, max_messages: int) -> list[tuple[Any, Any]]:
+    async def _pull(self, max_messages: int) -> list[tuple[PubSubMessage, PubSubDelivery]]:
         self._pulls += 1
         number = self._pulls
         sent_at = time.monotonic()
@@ -282,24 +282,23 @@ class PubSubStreamProducer(SharedStreamProducer):
         response = await asyncio.shield(task)
         self._pull_task = None
         lease_until = sent_at + self.subscription_deadline
-        pairs: list[tuple[Any, Any]] = []
+        pairs: list[tuple[PubSubMessage, PubSubDelivery]] = []
         for received in response.received_messages:
             message = PubSubMessage.from_received(self.subscription, self.topic, received)
-            stamp = received.message.publish_time
             delivery = PubSubDelivery(
                 message=message,
                 ack_id=str(received.ack_id),
                 pull=number,
                 received_at=sent_at,
                 lease_until=lease_until,
-                publish_stamp=stamp.rfc3339() if hasattr(stamp, "rfc3339") else str(stamp),
+                publish_stamp=publish_stamp_of(received),
             )
             self._outstanding[delivery.ack_id] = delivery
             pairs.append((message, delivery))
         self.delivered += len(pairs)
         return pairs
 
-    async def _take_parked(self) -> list[tuple[Any, Any]]:
+    async def _take_parked(self) -> list[tuple[PubSubMessage, PubSubDelivery]]:
         """Take over the leases a closed producer of this subscription kept, in order."""
         lot = _PARKED.pop(self._lot_key, None)
         if not lot:
@@ -340,26 +339,19 @@ class PubSubStreamProducer(SharedStreamProducer):
         )
         return [(d.message, d) for d in taken]
 
-    def get_advance_lane(self, broker_payload: Any) -> Hashable:
-        delivery: PubSubDelivery = broker_payload
+    def get_advance_lane(self, delivery: PubSubDelivery) -> Hashable:
         key = delivery.ordering_key
         return ("key", key) if key else delivery
 
-    def message_id(self, broker_payload: Any) -> str | None:
-        delivery: PubSubDelivery = broker_payload
-        if self.topic.startswith("projects/"):
-            _, project, _, topic = self.topic.split("/", 3)
-            where = f"{project}/{topic}"
-        else:  # the topic is unknown (or deleted): the subscription names the stream
-            where = f"subscription:{self.subscription.removeprefix('projects/')}"
-        return f"pubsub:{where}/{delivery.message_id}@{delivery.publish_stamp}"
+    def message_id(self, delivery: PubSubDelivery) -> str | None:
+        return delivery.message.message_id  # made when it was pulled (identity_of)
 
     # --------------------------------------------------------------- advance
 
-    async def advance(self, batch: Sequence[AdvanceItem]) -> None:
+    async def advance(self, batch: Sequence[AdvanceItem[PubSubDelivery]]) -> None:
         self._raise_failure()
         for item in batch:
-            delivery: PubSubDelivery = item.broker_payload
+            delivery = item.broker_payload
             if self._held(delivery):
                 self.held += 1
                 await self._nack(delivery, item.outcome)
@@ -608,7 +600,7 @@ class PubSubStreamProducer(SharedStreamProducer):
     def counters(self) -> Mapping[str, float]:
         return {
             Action.DELIVERED: self.delivered,
-            Action.DELETED: self.acked,
+            Action.ACKED: self.acked,
             Action.REDELIVERED: self.nacked,
             Action.HELD: self.held,
             Action.DEAD_LETTERED: self.dead_lettered,

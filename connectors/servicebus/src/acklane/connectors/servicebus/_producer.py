@@ -8,7 +8,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import AsyncGenerator, Coroutine, Hashable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -24,13 +24,13 @@ from azure.servicebus.exceptions import (
 from acklane.core.connectors import Action, Reachability, Verdict, verdict
 from acklane.core.connectors.deadletter import bounded_text, outcome_reason
 from acklane.core.errors import BrokerAuthError, ConnectorError
-from acklane.core.message import RawMessage
 from acklane.core.producer import AdvanceItem, SharedStreamProducer
 
 from ._check import UNREACHABLE, auth_error
 from ._config import ServiceBusConfig
+from ._message import ServiceBusMessage, identity_of
 
-__all__ = ["ServiceBusDelivery", "ServiceBusRecord", "ServiceBusStreamProducer"]
+__all__ = ["ServiceBusDelivery", "ServiceBusStreamProducer"]
 
 log = logging.getLogger("acklane.connectors.servicebus")
 
@@ -49,25 +49,6 @@ _ABANDON_BUDGET = 5.0
 
 class ServiceBusConnectorError(ConnectorError, RuntimeError):
     """The namespace or the entity cannot be used."""
-
-
-@dataclass(slots=True)
-class ServiceBusRecord(RawMessage):
-    """One received message, as filters see it: the raw record's fields.
-
-    ``attributes`` are the application properties as strings; ``key`` the session id;
-    ``message_id`` the sender's ``MessageId``; ``delivery_attempt`` the delivery count
-    (0 on the first delivery).
-    """
-
-    sequence_number: int = 0
-    enqueued_time: datetime | None = None
-    session_id: str | None = None
-    application_properties: Mapping[str, Any] = field(default_factory=dict)
-
-    @property
-    def delivery_count(self) -> int:
-        return self.delivery_attempt or 0
 
 
 @dataclass(slots=True, eq=False)
@@ -104,13 +85,7 @@ def _retrieve(task: asyncio.Future[None]) -> None:
         task.exception()  # recorded by _fail; not "never retrieved" if nobody awaits it
 
 
-def _text(value: Any) -> str:
-    if isinstance(value, bytes):
-        return value.decode("utf-8", errors="replace")
-    return str(value)
-
-
-class ServiceBusStreamProducer(SharedStreamProducer):
+class ServiceBusStreamProducer(SharedStreamProducer[ServiceBusDelivery]):
     """One group's poll of one queue or subscription, with the async ``azure-servicebus`` SDK.
 
     Lanes: the session id on session-enabled entities (a failed message holds its
@@ -137,7 +112,7 @@ class ServiceBusStreamProducer(SharedStreamProducer):
         #: Open session receivers, each with the event that lets its session go.
         self._sessions: dict[ServiceBusReceiver, asyncio.Event] = {}
         self._tasks: list[asyncio.Task[None]] = []
-        self._queue: asyncio.Queue[tuple[ServiceBusRecord, ServiceBusDelivery] | BaseException]
+        self._queue: asyncio.Queue[tuple[ServiceBusMessage, ServiceBusDelivery] | BaseException]
         self._queue = asyncio.Queue()
         #: Settlements the engine decided, not yet sent, by the receiver that must send them.
         self._to_settle: dict[ServiceBusReceiver, deque[_Settlement]] = {}
@@ -176,7 +151,7 @@ class ServiceBusStreamProducer(SharedStreamProducer):
 
     async def open_stream(
         self,
-    ) -> AsyncGenerator[tuple[ServiceBusRecord, ServiceBusDelivery], None]:
+    ) -> AsyncGenerator[tuple[ServiceBusMessage, ServiceBusDelivery], None]:
         if self._opened:
             raise RuntimeError(f"{self.config.describe()}: open_stream() may be called once")
         self._opened = True
@@ -345,16 +320,16 @@ class ServiceBusStreamProducer(SharedStreamProducer):
         return messages
 
     def _receive_count(self, receiver: ServiceBusReceiver) -> int:
-        """How many messages the next receive asks for: 1, or ``max_batch`` in a backlog.
+        """How many messages the next receive asks for: 1, or ``batch_size`` in a backlog.
 
         A receive returns once it has the count asked for; short of it, only after a
         pause in the transfers that the SDK notices with a read timing out (its socket
         timeout, 0.2 s) past ``max_wait_time`` or 0.2 s after the first message. So
         receives ask for one message (it returns the moment one arrives) until a
-        backlog shows, as ``max_batch`` receives of one in a row that each found their
-        message there; then for ``max_batch`` (fewer calls) until a batch comes short.
+        backlog shows, as ``batch_size`` receives of one in a row that each found their
+        message there; then for ``batch_size`` (fewer calls) until a batch comes short.
         """
-        batch = self.config.max_batch
+        batch = self.config.batch_size
         return batch if self._streak.get(receiver, 0) >= batch else 1
 
     def _wait_time(self, receiver: ServiceBusReceiver) -> float:
@@ -378,43 +353,18 @@ class ServiceBusStreamProducer(SharedStreamProducer):
         return len(messages)
 
     def _identity(self, message: Any) -> str:
-        enqueued = message.enqueued_time_utc
-        stamp = enqueued.isoformat(timespec="milliseconds") if enqueued is not None else "-"
-        return (
-            f"servicebus:{self.config.namespace}/{self.config.entity.lower()}/"
-            f"{message.sequence_number}@{stamp}"
-        )
+        return identity_of(self.config.namespace, self.config.entity, message)
 
-    def _record(self, message: Any) -> ServiceBusRecord:
-        props = {_text(k): v for k, v in (message.application_properties or {}).items()}
-        return ServiceBusRecord(
-            body=b"".join(
-                part if isinstance(part, bytes) else str(part).encode() for part in message.body
-            )
-            if not isinstance(message.body, bytes | str)
-            else (message.body if isinstance(message.body, bytes) else message.body.encode()),
-            attributes={k: _text(v) for k, v in props.items()},
-            key=message.session_id,
-            message_id=None if message.message_id is None else str(message.message_id),
-            publish_time=message.enqueued_time_utc,
-            delivery_attempt=message.delivery_count or 0,
-            source=self.config.entity,
-            native=message,
-            sequence_number=int(message.sequence_number or 0),
-            enqueued_time=message.enqueued_time_utc,
-            session_id=message.session_id,
-            application_properties=props,
-        )
+    def _record(self, message: Any) -> ServiceBusMessage:
+        return ServiceBusMessage.from_received(message, self._identity(message), self.config.entity)
 
-    def get_advance_lane(self, broker_payload: Any) -> Hashable:
-        delivery: ServiceBusDelivery = broker_payload
+    def get_advance_lane(self, delivery: ServiceBusDelivery) -> Hashable:
         if self.config.sessions:
             return ("session", delivery.session_id)
         return delivery.identity
 
-    def message_id(self, broker_payload: Any) -> str | None:
+    def message_id(self, delivery: ServiceBusDelivery) -> str | None:
         """``servicebus:<namespace>/<entity>/<sequence number>@<enqueued time>``."""
-        delivery: ServiceBusDelivery = broker_payload
         return delivery.identity
 
     @property
@@ -427,19 +377,20 @@ class ServiceBusStreamProducer(SharedStreamProducer):
     def counters(self) -> Mapping[str, float]:
         return {
             Action.DELIVERED: self.delivered,
-            Action.DELETED: self.completed,
-            Action.REDELIVERED: self.abandoned + self.lock_lost,
+            Action.COMPLETED: self.completed,
+            Action.REDELIVERED: self.abandoned,
+            Action.LEASE_LOST: self.lock_lost,
             Action.DEAD_LETTERED: self.dead_lettered,
             Action.EXTENDED: self.renewed,
         }
 
     # ----------------------------------------------------------------- advance
 
-    async def advance(self, batch: Sequence[AdvanceItem]) -> None:
+    async def advance(self, batch: Sequence[AdvanceItem[ServiceBusDelivery]]) -> None:
         """Queue each resolved message's settlement; the flusher sends them."""
         self._raise_failure()
         for item in batch:
-            delivery: ServiceBusDelivery = item.broker_payload
+            delivery = item.broker_payload
             self._outstanding.pop(id(delivery), None)
             if delivery.settled:
                 continue
@@ -617,7 +568,7 @@ class ServiceBusStreamProducer(SharedStreamProducer):
 
     async def _renew_loop(self) -> None:
         while True:
-            interval = self.config.renew_interval or self._default_interval()
+            interval = self.config.heartbeat.interval or self._default_interval()
             await asyncio.sleep(interval)
             try:
                 await self._renew_due(2 * interval)

@@ -186,7 +186,7 @@ class _Lot:
 _PARKED: dict[tuple[Hashable, ...], _Lot] = {}
 
 
-class SqsStreamProducer(SharedStreamProducer):
+class SqsStreamProducer(SharedStreamProducer[SqsDelivery]):
     """One group's poll of one SQS queue, with aioboto3.
 
     Lanes: the ``MessageGroupId`` on FIFO queues (order kept per group), the
@@ -299,21 +299,19 @@ class SqsStreamProducer(SharedStreamProducer):
             # Closed or cancelled: what was received but never handed out goes back now.
             self._release_unyielded()
 
-    def get_advance_lane(self, broker_payload: Any) -> Hashable:
-        delivery: SqsDelivery = broker_payload
+    def get_advance_lane(self, delivery: SqsDelivery) -> Hashable:
         if self.is_fifo:
             return delivery.group_id
         return delivery.message_id
 
-    def message_id(self, broker_payload: Any) -> str | None:
+    def message_id(self, delivery: SqsDelivery) -> str | None:
         """``<queue ARN>/<MessageId>``: the message's identity for the event store.
 
         ``MessageId`` alone is only "unique for an extended period", and SQS's own
         redrive keeps it when it moves a message to the dead-letter queue; the ARN
         (the URL when the attributes cannot be read) makes it one queue's message.
         """
-        delivery: SqsDelivery = broker_payload
-        return f"{self._identity}/{delivery.message_id}"
+        return delivery.message.message_id
 
     @property
     def outstanding(self) -> int:
@@ -393,7 +391,7 @@ class SqsStreamProducer(SharedStreamProducer):
             self.visibility_timeout = cfg.visibility_timeout
         else:
             self.visibility_timeout = int(attributes.get("VisibilityTimeout", "30"))
-        self.dead_letter_queue_url = cfg.dead_letter_queue_url or await self._redrive_target(
+        self.dead_letter_queue_url = cfg.dead_letter or await self._redrive_target(
             attributes.get("RedrivePolicy")
         )
         if self.dead_letter_queue_url is None:
@@ -446,18 +444,18 @@ class SqsStreamProducer(SharedStreamProducer):
             response = await self._client.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])
         except ClientError as exc:
             denied = "AccessDenied" in _error_code(exc)
-            if denied and cfg.dead_letter_queue_url and cfg.visibility_timeout:
+            if denied and cfg.dead_letter and cfg.visibility_timeout:
                 # Everything the attributes would tell us is configured: go on without.
                 log.warning(
                     "SQS queue %s: no permission to read its attributes (%s); using the "
-                    "configured visibility_timeout and dead_letter_queue_url",
+                    "configured visibility_timeout and dead_letter",
                     url,
                     _error_code(exc),
                 )
                 return {}
             hint = (
                 " (grant sqs:GetQueueAttributes, or configure both visibility_timeout and "
-                "dead_letter_queue_url)"
+                "dead_letter)"
                 if denied
                 else ""
             )
@@ -544,7 +542,7 @@ class SqsStreamProducer(SharedStreamProducer):
         cfg = self.config
         request: dict[str, Any] = {
             "QueueUrl": self.queue_url,
-            "MaxNumberOfMessages": cfg.max_messages,
+            "MaxNumberOfMessages": cfg.batch_size,
             "WaitTimeSeconds": cfg.wait_time_seconds,
             "MessageAttributeNames": ["All"],
             "MessageSystemAttributeNames": _SYSTEM_ATTRIBUTES,
@@ -578,7 +576,7 @@ class SqsStreamProducer(SharedStreamProducer):
         received = []
         for raw in response.get("Messages", ()):
             delivery = SqsDelivery(
-                message=SqsMessage.from_sqs(self.queue_url or "", raw),
+                message=SqsMessage.from_sqs(self.queue_url or "", raw, self._identity),
                 receipt_handle=raw["ReceiptHandle"],
                 received_at=started,
                 visible_until=started + self.visibility_timeout,
@@ -682,12 +680,12 @@ class SqsStreamProducer(SharedStreamProducer):
 
     # ----------------------------------------------------------------- advance
 
-    async def advance(self, batch: Sequence[AdvanceItem]) -> None:
+    async def advance(self, batch: Sequence[AdvanceItem[SqsDelivery]]) -> None:
         self._raise_failure()
         rejects: list[tuple[SqsDelivery, AdvanceOutcome]] = []
         after_reject: list[SqsDelivery] = []  # clean, but behind a reject in their lane
         for item in batch:
-            delivery: SqsDelivery = item.broker_payload
+            delivery = item.broker_payload
             outcome = item.outcome
             held_back = delivery.receipt_handle in self._holding_back
             self._holding_back.discard(delivery.receipt_handle)
