@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import textwrap
 import uuid
+import warnings
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -334,6 +335,66 @@ def test_an_empty_file_is_a_config_error(tmp_path: Path) -> None:
 def test_a_config_error_is_a_value_error() -> None:
     with pytest.raises(ValueError, match=r"<string>:1: expected a mapping"):
         parse_config("- just\n- a list\n")
+
+
+# -- old names of settings --------------------------------------------------------------
+
+
+def test_an_old_setting_name_still_loads_with_a_warning_at_its_file_and_line(
+    tmp_path: Path,
+) -> None:
+    path = write(tmp_path, VALID.replace("dead_letter:", "dlq_topic:"))
+    with pytest.warns(FutureWarning) as caught:
+        config = load_config(path, env={})
+    assert config.streams["orders"].config.dead_letter == "orders.dlq"  # type: ignore[attr-defined]
+    [warning] = [w for w in caught if "dlq_topic" in str(w.message)]
+    assert (warning.filename, warning.lineno) == (str(path), line(path, "dlq_topic"))
+    assert str(warning.message) == (
+        "streams.orders.dlq_topic is deprecated, now called dead_letter; the old name still "
+        "works for now"
+    )
+    [note] = config.deprecations
+    assert str(note) == (
+        f"{path}:{line(path, 'dlq_topic')}: streams.orders.dlq_topic: deprecated, now called "
+        "dead_letter; the old name still works for now"
+    )
+
+
+def test_the_watchers_carry_the_new_name_of_an_old_setting(tmp_path: Path) -> None:
+    path = write(tmp_path, VALID.replace("dead_letter:", "dlq_topic:"))
+    with pytest.warns(FutureWarning):
+        config = load_config(path, env={})
+    assert config.streams["orders"].options["dead_letter"] == "orders.dlq"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # building the watchers warns no more
+        _, kwargs = build_watchers(config)[0].serialize()
+    assert "dlq_topic" not in kwargs["connector_config"]
+
+
+def test_an_old_name_beside_its_new_one_is_a_problem_at_the_old_ones_line(
+    tmp_path: Path,
+) -> None:
+    path = write(tmp_path, VALID.replace("dead_letter:", "dlq_topic: a\n    dead_letter:"))
+    with pytest.warns(FutureWarning):
+        text = error(path)
+    assert (
+        f"{path}:{line(path, 'dlq_topic')}: streams.orders.dlq_topic: dlq_topic is the old name "
+        "of dead_letter: give only dead_letter" in text
+    )
+
+
+def test_a_bad_value_under_an_old_name_is_reported_at_its_line(tmp_path: Path) -> None:
+    path = write(tmp_path, VALID.replace("dead_letter: orders.dlq", "dlq_topic: orders"))
+    with pytest.warns(FutureWarning):
+        text = error(path)
+    assert f"{path}:{line(path, '  orders:')}: streams.orders: dead_letter 'orders'" in text
+
+
+def test_a_file_with_the_new_names_warns_nothing(tmp_path: Path) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        config = load_config(write(tmp_path, VALID), env={})
+    assert config.deprecations == ()
 
 
 # -- environment variables --------------------------------------------------------------

@@ -57,7 +57,7 @@ async def test_a_new_producer_takes_over_unresolved_messages_without_a_new_recei
 
     async with open_stream(settings, queue_url=url) as second:
         again = await second.pull(3)
-        assert [m.message_id for m, _ in again] == ids == [m.message_id for m, _ in pulled]
+        assert [m.sqs_message_id for m, _ in again] == ids == [m.sqs_message_id for m, _ in pulled]
         assert [m.receive_count for m, _ in again] == [1, 1, 1]  # unchanged
         assert second.producer.taken_over == 3
         assert second.producer.api_calls["ReceiveMessage"] == 0  # yielded before receiving

@@ -42,10 +42,10 @@ async def test_raw_event_exposes_body_attributes_receive_count_and_message_id(
     [message_id] = await queues.send(url, ['{"n": 1}'], attributes={"kind": "order"})
     async with open_stream(settings, queue_url=url) as stream:
         [(message, delivery)] = await stream.pull()
-        assert message.message_id == message_id
-        # the event store's identity: the queue's ARN, then the MessageId
+        assert message.broker_message_id == message.sqs_message_id == message_id
+        # the identity filters see is the event store's: the queue's ARN, then the MessageId
         arn = await queues.arn(url)
-        assert stream.producer.message_id(delivery) == f"{arn}/{message_id}"
+        assert message.message_id == stream.producer.message_id(delivery) == f"{arn}/{message_id}"
         assert message.json() == {"n": 1}
         assert message.attributes == {"kind": "order"}
         assert message.delivery_attempt == message.receive_count == 1
