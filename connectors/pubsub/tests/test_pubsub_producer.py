@@ -116,7 +116,7 @@ async def test_a_clean_batch_is_acked_in_one_call(kit: PubSubKit, settings: dict
         message, delivery = pairs[0]
         assert isinstance(delivery, PubSubDelivery)
         assert message.attributes == {"a": "b"} and message.delivery_attempt is None
-        assert sorted(m.message_id or "" for m, _ in pairs) == sorted(ids)
+        assert sorted(m.pubsub_message_id for m, _ in pairs) == sorted(ids)
         calls = o.producer.api_calls
         await o.producer.advance([AdvanceItem(p, CLEAN) for _, p in pairs])
         await o.producer.flush()
@@ -139,6 +139,8 @@ async def test_identity_names_topic_message_id_and_publish_time(
         assert identity is not None
         assert identity.startswith(f"pubsub:{project}/{name}/{mid}@")
         assert identity.endswith("Z") and message.publish_time is not None
+        assert message.message_id == identity  # what filters see is the identity
+        assert message.broker_message_id == message.pubsub_message_id == mid
         await o.advance((delivery, CLEAN))
 
 
