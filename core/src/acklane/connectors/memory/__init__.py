@@ -24,13 +24,20 @@ event loop.
 
 from acklane.core.deprecation import old_names
 
-from ._broker import MemoryBroker, MemoryConsumer, MemoryGroupStats, MemoryRecord
+from ._broker import (
+    MemoryBroker,
+    MemoryCommitRefused,
+    MemoryConsumer,
+    MemoryGroupStats,
+    MemoryRecord,
+)
 from ._config import MemoryConfig
 from ._connector import MemoryConnector
 from ._producer import MemoryDelivery, MemoryStreamProducer
 
 __all__ = [
     "MemoryBroker",
+    "MemoryCommitRefused",
     "MemoryConfig",
     "MemoryConnector",
     "MemoryConsumer",
