@@ -225,7 +225,7 @@ async def test_an_advance_error_fails_the_group_and_the_restart_redelivers(
     first = drive(kit, source, **failure.fields)
     try:
         [pulled] = await first.take(1)
-        with pytest.raises(Exception) as raised:  # noqa: PT011 - each broker's own error
+        with pytest.raises(Exception) as raised:
             await first.advance((pulled, failure.outcome))
             await first.take(1, within=10)  # a settlement in the background fails the stream
         assert not isinstance(raised.value, TimeoutError), "the advance did not fail"

@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from engine_harness import AckTrigger, Upstream, Watcher, eventually, settle
+from engine_harness import AckTrigger, Upstream, Watcher, settle
 from pydantic import BaseModel, ConfigDict, SecretStr
 
 from acklane.core import SharedStreamManager
+from acklane.core.testing import eventually
 
 
 class Settings(BaseModel):

@@ -33,15 +33,7 @@ from acklane.core.connectors.deadletter import (
 )
 from acklane.core.message import RawMessage
 from acklane.core.producer import AdvanceItem, AdvanceOutcome
-
-CLEAN = AdvanceOutcome(acked=2, failed=0)
-FAILED = AdvanceOutcome(acked=1, failed=1)
-NOBODY = AdvanceOutcome(acked=0, failed=0, rejected=0)
-
-
-def rejected(*reasons: str) -> AdvanceOutcome:
-    return AdvanceOutcome(acked=1, failed=0, rejected=1, reject_reasons=reasons)
-
+from acklane.core.testing import CLEAN, FAILED, UNCLAIMED, rejected
 
 Delivery = tuple[RawMessage, MemoryDelivery]
 
@@ -222,7 +214,7 @@ async def test_an_event_nobody_received_holds_the_partition(broker: MemoryBroker
     producer = producer_for(broker)
     async with opened(producer) as stream:
         first = await take(stream, 2)
-        await producer.advance(items(first, NOBODY, CLEAN))
+        await producer.advance(items(first, UNCLAIMED, CLEAN))
         assert broker.committed("acklane", "t", 0) == 0
         assert offsets(await take(stream, 1)) == [0]
 
@@ -412,7 +404,7 @@ def test_a_dead_letter_that_is_also_consumed_is_refused() -> None:
 
 # -- a randomized check of the commit rule ------------------------------------------------
 
-ANY_OUTCOME = [CLEAN, FAILED, NOBODY, rejected("bad")]
+ANY_OUTCOME = [CLEAN, FAILED, UNCLAIMED, rejected("bad")]
 
 
 def committable(outcome: AdvanceOutcome) -> bool:

@@ -27,11 +27,11 @@ from acklane.connectors.kafka._producer import DLQ_ADDED_MAX_BYTES, DLQ_GROUP_MA
 from acklane.core.connectors.deadletter import REASON_MAX_BYTES, TRUNCATED_MARK, bounded_text
 from acklane.core.producer import AdvanceItem, AdvanceOutcome
 from acklane.integration.kafka import KafkaKit
+from acklane.integration.testing import CLEAN, rejected
 
 MakeConfig = Callable[..., KafkaConfig]
 OpenStream = Callable[[KafkaConfig], Any]
 
-CLEAN = AdvanceOutcome(acked=1, failed=0)
 ACKLANE_HEADERS = (
     "acklane.origin.topic",
     "acklane.origin.partition",
@@ -39,10 +39,6 @@ ACKLANE_HEADERS = (
     "acklane.origin.group",
     "acklane.reject.reason",
 )
-
-
-def rejected(*reasons: str) -> AdvanceOutcome:
-    return AdvanceOutcome(acked=0, failed=0, rejected=1, reject_reasons=reasons)
 
 
 def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:

@@ -18,17 +18,10 @@ import pytest
 from acklane.connectors.kafka import KafkaConfig
 from acklane.core.producer import AdvanceItem, AdvanceOutcome
 from acklane.integration.kafka import KafkaKit
-
-CLEAN = AdvanceOutcome(acked=1, failed=0)
-FAILED = AdvanceOutcome(acked=1, failed=1)
-UNCLAIMED = AdvanceOutcome(acked=0, failed=0, rejected=0)
+from acklane.integration.testing import CLEAN, FAILED, UNCLAIMED, rejected
 
 MakeConfig = Callable[..., KafkaConfig]
 OpenStream = Callable[[KafkaConfig], Any]
-
-
-def rejected(*reasons: str) -> AdvanceOutcome:
-    return AdvanceOutcome(acked=1, failed=0, rejected=1, reject_reasons=reasons)
 
 
 def items(pairs: list[Any], *outcomes: AdvanceOutcome) -> list[AdvanceItem]:

@@ -24,16 +24,9 @@ from acklane.core.connectors import load_connector
 from acklane.core.producer import AdvanceItem, AdvanceOutcome
 from acklane.integration.emulator import Emulator
 from acklane.integration.pubsub import PubSubKit
+from acklane.integration.testing import CLEAN, FAILED, UNCLAIMED, rejected
 
 pytestmark = pytest.mark.filterwarnings("ignore:The return_immediately flag:DeprecationWarning")
-
-CLEAN = AdvanceOutcome(acked=1, failed=0)
-FAILED = AdvanceOutcome(acked=0, failed=1)
-NOBODY = AdvanceOutcome(acked=0, failed=0)
-
-
-def rejected(reason: str = "poison pill") -> AdvanceOutcome:
-    return AdvanceOutcome(acked=0, failed=0, rejected=1, reject_reasons=(reason,))
 
 
 @pytest.fixture
@@ -170,7 +163,7 @@ async def test_an_unclaimed_message_is_not_acked(kit: PubSubKit, settings: dict[
     await kit.publish(topic, ["nobody"])
     async with Open(PubSubConfig(subscription=sub, **settings)) as o:
         [(_, delivery)] = await o.take(1)
-        await o.advance((delivery, NOBODY))
+        await o.advance((delivery, UNCLAIMED))
         [(again, delivery2)] = await o.take(1)
         assert again.text() == "nobody"
         assert o.producer.counters()["acked"] == 0
@@ -187,7 +180,7 @@ async def test_a_rejected_message_is_copied_to_the_dead_letter_topic_then_acked(
     config = PubSubConfig(subscription=sub, dead_letter=dlq, **settings)
     async with Open(config) as o:
         [(_, delivery)] = await o.take(1)
-        await o.advance((delivery, rejected()))
+        await o.advance((delivery, rejected("poison pill")))
         assert o.producer.counters()["dead_lettered"] == 1
     [copy] = await kit.drain(dlq_sub, expect=1)
     attributes = dict(copy.message.attributes)
@@ -212,7 +205,7 @@ async def test_rejected_without_a_topic_is_nacked_for_the_dead_letter_policy(
         for attempt in (1, 2):
             [(message, delivery)] = await o.take(1)
             assert message.delivery_attempt == attempt
-            await o.advance((delivery, rejected()))
+            await o.advance((delivery, rejected("poison pill")))
         [copy] = await kit.drain(dead_sub, expect=1)
         assert copy.message.attributes["CloudPubSubDeadLetterSourceDeliveryCount"] == "2"
         assert o.producer.counters()["dropped"] == 0
@@ -226,7 +219,7 @@ async def test_rejected_with_no_dead_letter_destination_is_acked_and_counted_dro
     await kit.publish(topic, ["poison"])
     async with Open(PubSubConfig(subscription=sub, **settings)) as o:
         [(_, delivery)] = await o.take(1)
-        await o.advance((delivery, rejected()))
+        await o.advance((delivery, rejected("poison pill")))
         assert o.producer.counters()["dropped"] == 1
     assert await pull_now(kit, sub) == []
 

@@ -14,17 +14,10 @@ from acklane.connectors.servicebus import (
     ServiceBusStreamProducer,
 )
 from acklane.core.connectors import load_connector
-from acklane.core.producer import AdvanceItem, AdvanceOutcome
+from acklane.core.producer import AdvanceItem
 from acklane.integration.emulator import Emulator
 from acklane.integration.servicebus import ServiceBusEmulator, ServiceBusKit
-
-CLEAN = AdvanceOutcome(acked=1, failed=0)
-FAILED = AdvanceOutcome(acked=0, failed=1)
-NOBODY = AdvanceOutcome(acked=0, failed=0)
-
-
-def rejected(reason: str) -> AdvanceOutcome:
-    return AdvanceOutcome(acked=0, failed=0, rejected=1, reject_reasons=(reason,))
+from acklane.integration.testing import CLEAN, FAILED, UNCLAIMED, rejected
 
 
 @pytest.fixture
@@ -109,7 +102,7 @@ async def test_unclaimed_message_abandoned_and_max_delivery_count_dead_letters(
     try:
         for _ in range(2):
             [(_, delivery)] = await take(stream, 1)
-            await producer.advance([AdvanceItem(delivery, NOBODY)])
+            await producer.advance([AdvanceItem(delivery, UNCLAIMED)])
         await asyncio.sleep(0.5)
     finally:
         await stream.aclose()

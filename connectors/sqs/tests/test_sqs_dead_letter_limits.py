@@ -14,14 +14,13 @@ import logging
 from typing import Any
 
 import pytest
-from sqs_harness import open_stream, rejected
+from sqs_harness import open_stream
 
 from acklane.connectors.sqs import SqsAdvanceError
 from acklane.core.connectors.deadletter import REASON_MAX_BYTES, TRUNCATED_MARK
-from acklane.core.producer import AdvanceOutcome
 from acklane.integration.sqs import SqsQueues
+from acklane.integration.testing import CLEAN, rejected
 
-CLEAN = AdvanceOutcome(acked=1, failed=0)
 SMALLEST = {"MaximumMessageSize": "1024"}  # SQS's lowest allowed limit
 
 

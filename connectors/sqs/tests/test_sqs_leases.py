@@ -17,14 +17,12 @@ from typing import Any
 
 import aioboto3
 import pytest
-from sqs_harness import Stream, eventually, open_stream
+from sqs_harness import Stream, open_stream
 
 from acklane.connectors.sqs import SqsConfig, SqsStreamProducer
-from acklane.core.producer import AdvanceItem, AdvanceOutcome
+from acklane.core.producer import AdvanceItem
 from acklane.integration.sqs import SqsQueues
-
-CLEAN = AdvanceOutcome(acked=1, failed=0)
-FAILED = AdvanceOutcome(acked=0, failed=1)
+from acklane.integration.testing import CLEAN, FAILED, eventually
 
 
 async def receive_counts(queues: SqsQueues, url: str) -> dict[str, int]:

@@ -12,7 +12,7 @@ import logging
 from typing import Any
 
 import pytest
-from sqs_harness import eventually, open_stream, rejected
+from sqs_harness import open_stream
 
 from acklane.connectors.sqs import (
     PACKED_ATTRIBUTES,
@@ -22,10 +22,7 @@ from acklane.connectors.sqs import (
 )
 from acklane.core.producer import AdvanceItem, AdvanceOutcome
 from acklane.integration.sqs import SqsQueues
-
-CLEAN = AdvanceOutcome(acked=1, failed=0)
-FAILED = AdvanceOutcome(acked=0, failed=1)
-UNCLAIMED = AdvanceOutcome(acked=0, failed=0)
+from acklane.integration.testing import CLEAN, FAILED, UNCLAIMED, eventually, rejected
 
 
 async def is_empty(queues: SqsQueues, url: str) -> bool:

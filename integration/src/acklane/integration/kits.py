@@ -25,6 +25,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
+import subprocess
+import sys
 import time
 import uuid
 from abc import ABC, abstractmethod
@@ -49,7 +52,9 @@ __all__ = [
     "ServiceBusBrokerKit",
     "Source",
     "SqsBrokerKit",
+    "Unusable",
     "kit_for",
+    "yaml_block",
 ]
 
 #: The outcome of a message its watchers rejected, for the advance failures below.
@@ -88,6 +93,17 @@ class AdvanceFailure(NamedTuple):
     fields: dict[str, Any]
     body: str
     outcome: AdvanceOutcome
+
+
+class Unusable(NamedTuple):
+    """A stream block the broker cannot be used with, and what ``acklane run`` says of it.
+
+    ``secret``: a credential in ``fields`` that must never be printed (``""``: none).
+    """
+
+    fields: dict[str, Any]
+    says: str
+    secret: str = ""
 
 
 class BrokerKit(ABC):
@@ -146,13 +162,28 @@ class BrokerKit(ABC):
     async def advance_failure(self, source: Source) -> AdvanceFailure:
         """Arrange for the broker to fail the advance of one message of ``source``."""
 
+    def unreachable(self, source: Source) -> Unusable:
+        """The stream block of ``source`` with the broker's address where nothing answers,
+        and the words ``acklane run`` tells it with (once)."""
+        raise NotImplementedError(f"{type(self).__name__} has no unreachable broker")
+
+    async def refused(self, source: Source) -> Unusable:
+        """The stream block of ``source`` with credentials the broker refuses, and the
+        words of the one line ``acklane run`` stops with."""
+        raise NotImplementedError(f"{type(self).__name__} refuses no credentials")
+
     def fields(self, source: Source, **more: Any) -> dict[str, Any]:
         """The stream block that reads ``source`` (``connector`` excepted), with ``more``."""
         return {**source.fields, **more}
 
     def stream_yaml(self, source: Source, **more: Any) -> str:
         """:meth:`fields` as the YAML lines of a stream block (one setting a line)."""
-        return "".join(f"{k}: {json.dumps(v)}\n" for k, v in self.fields(source, **more).items())
+        return yaml_block(self.fields(source, **more))
+
+
+def yaml_block(fields: Mapping[str, Any]) -> str:
+    """Stream settings as the YAML lines of a stream block, one setting a line."""
+    return "".join(f"{name}: {json.dumps(value)}\n" for name, value in fields.items())
 
 
 def _unique(prefix: str) -> str:
@@ -180,6 +211,8 @@ class MemoryBrokerKit(BrokerKit):
     connector = "memory"
     cannot: ClassVar[Mapping[str, str]] = {
         "two_processes": "the memory broker lives inside one process",
+        "unreachable": "the memory broker lives inside the process: it is always reachable",
+        "refused": "the memory broker takes no credentials",
     }
 
     def __init__(self) -> None:
@@ -319,6 +352,26 @@ class KafkaBrokerKit(BrokerKit):
             raise EmulatorError(f"topic {source.name} could not be made again")
         source.published = 0
 
+    def unreachable(self, source: Source) -> Unusable:
+        from .emulator import free_port
+
+        return Unusable(
+            self.fields(source, bootstrap_servers=f"127.0.0.1:{free_port()}"),
+            "broker unreachable",
+        )
+
+    async def refused(self, source: Source) -> Unusable:
+        # tansu speaks no SASL mechanism a client can complete: the broker refuses the
+        # login, a real authentication failure.
+        secret = "Secr3tSasl"
+        login = {
+            "security_protocol": "SASL_PLAINTEXT",
+            "sasl_mechanism": "PLAIN",
+            "sasl_username": "alice",
+            "sasl_password": secret,
+        }
+        return Unusable(self.fields(source, **login), "Kafka authentication failed", secret)
+
     async def advance_failure(self, source: Source) -> AdvanceFailure:
         # The dead-letter producer refuses a copy larger than its message.max.bytes: the
         # copy fails, so does the advance, and nothing is committed past the record.
@@ -341,13 +394,18 @@ class SqsBrokerKit(BrokerKit):
 
         self.settings = emulator.client_settings()
         self.queues = SqsQueues(self.settings)
+        self._strict: Any = None  # a moto server that checks credentials, made on demand
 
     async def __aenter__(self) -> Self:
         await self.queues.__aenter__()
         return self
 
     async def aclose(self) -> None:
-        await self.queues.__aexit__(None, None, None)
+        try:
+            await self.queues.__aexit__(None, None, None)
+        finally:
+            if self._strict is not None:
+                await asyncio.to_thread(self._strict.stop)
 
     async def create(self, *, ordered: bool = False) -> Source:
         url = await self.queues.create(
@@ -391,6 +449,33 @@ class SqsBrokerKit(BrokerKit):
         await self.queues.client.create_queue(QueueName=name, Attributes=attributes)
         source.published = 0
 
+    def unreachable(self, source: Source) -> Unusable:
+        from .emulator import free_port
+
+        endpoint = f"http://127.0.0.1:{free_port()}"
+        queue = f"{endpoint}/123456789012/orders"
+        fields = self.fields(source, endpoint_url=endpoint, queue_url=queue)
+        fields.pop("dead_letter")
+        return Unusable(fields, "SQS endpoint unreachable")
+
+    async def refused(self, source: Source) -> Unusable:
+        # moto with its IAM checks on answers keys it does not know with
+        # InvalidClientTokenId, as AWS does.
+        if self._strict is None:
+            self._strict = _StrictMoto()
+            await asyncio.to_thread(self._strict.start)
+        endpoint = self._strict.endpoint
+        secret = "WrongSecret123"
+        fields = self.fields(
+            source,
+            endpoint_url=endpoint,
+            queue_url=f"{endpoint}/123456789012/orders",
+            aws_access_key_id="AKIAWRONG0KEY",
+            aws_secret_access_key=secret,
+        )
+        fields.pop("dead_letter")
+        return Unusable(fields, "SQS authentication failed", secret)
+
     async def advance_failure(self, source: Source) -> AdvanceFailure:
         # A dead-letter queue that takes smaller messages than the copy: SQS refuses the
         # copy, the producer fails the group and never deletes the original.
@@ -416,13 +501,18 @@ class PubSubBrokerKit(BrokerKit):
 
         self.settings = emulator.client_settings()
         self.kit = PubSubKit(self.settings)
+        self._refusing: Any = None  # a gRPC server refusing every call, made on demand
 
     async def __aenter__(self) -> Self:
         await self.kit.__aenter__()
         return self
 
     async def aclose(self) -> None:
-        await self.kit.__aexit__(None, None, None)
+        try:
+            await self.kit.__aexit__(None, None, None)
+        finally:
+            if self._refusing is not None:
+                self._refusing.stop(grace=None)
 
     async def create(self, *, ordered: bool = False) -> Source:
         topic = await self.kit.create_topic("orders")
@@ -473,6 +563,21 @@ class PubSubBrokerKit(BrokerKit):
         )
         await self.kit.subscriber.create_subscription(request=request)
         source.published = 0
+
+    def unreachable(self, source: Source) -> Unusable:
+        from .emulator import free_port
+
+        fields = self.fields(source, emulator_host=f"127.0.0.1:{free_port()}")
+        return Unusable(fields, "Pub/Sub endpoint unreachable")
+
+    async def refused(self, source: Source) -> Unusable:
+        # The emulator checks no credentials: a gRPC server answering every call
+        # UNAUTHENTICATED, as Google's service answers refused credentials, which the
+        # official client reads as it would Google's.
+        if self._refusing is None:
+            self._refusing, self._refusing_port = _refusing_grpc_server("UNAUTHENTICATED")
+        fields = self.fields(source, emulator_host=f"127.0.0.1:{self._refusing_port}")
+        return Unusable(fields, "UNAUTHENTICATED")
 
     async def advance_failure(self, source: Source) -> AdvanceFailure:
         # A dead-letter topic that does not exist: the copy's publish fails (NOT_FOUND).
@@ -554,10 +659,90 @@ class ServiceBusBrokerKit(BrokerKit):
         await asyncio.to_thread(self._make, source.name, source.ordered)
         source.published = 0
 
+    def unreachable(self, source: Source) -> Unusable:
+        from .emulator import free_port
+
+        connection = _with_part(
+            self.emulator.connection_string, "Endpoint=", f"sb://127.0.0.1:{free_port()}"
+        )
+        return Unusable(
+            self.fields(source, connection_string=connection), "Service Bus namespace unreachable"
+        )
+
+    async def refused(self, source: Source) -> Unusable:
+        # The emulator checks SAS tokens as Azure does: a key it does not hold is refused.
+        secret = "NotTheKey123"
+        connection = _with_part(self.emulator.connection_string, "SharedAccessKey=", secret)
+        return Unusable(
+            self.fields(source, connection_string=connection),
+            "Service Bus authentication failed",
+            secret,
+        )
+
     async def advance_failure(self, source: Source) -> AdvanceFailure:
         # The namespace answers the next settlements with an error (the emulator's fault).
         await asyncio.to_thread(self.emulator.refuse_settlements, source.name, 100)
         return AdvanceFailure({}, "refused settlement", _CLEAN)
+
+
+class _StrictMoto:
+    """moto's server with its IAM checks on (``INITIAL_NO_AUTH_ACTION_COUNT=0``): keys it
+    does not know are refused, as AWS refuses them."""
+
+    def __init__(self) -> None:
+        from .emulator import free_port
+
+        self.port = free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        from .emulator import wait_for_port
+
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            env={**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "0"},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        wait_for_port("127.0.0.1", self.port, 60)
+
+    def stop(self) -> None:
+        process, self._process = self._process, None
+        if process is not None:
+            process.terminate()
+            process.wait(timeout=30)
+
+
+def _with_part(connection_string: str, name: str, value: str) -> str:
+    """A Service Bus connection string with its ``name`` part (``Endpoint=``) set to ``value``."""
+    return ";".join(
+        f"{name}{value}" if part.startswith(name) else part for part in connection_string.split(";")
+    )
+
+
+def _refusing_grpc_server(code: str) -> tuple[Any, int]:
+    """A gRPC server (in this process) answering every call with the status ``code``; its
+    port."""
+    from concurrent import futures
+
+    import grpc
+
+    status = getattr(grpc.StatusCode, code)
+
+    class Refusing(grpc.GenericRpcHandler):  # type: ignore[misc]
+        def service(self, handler_call_details: Any) -> Any:
+            def refuse(request: bytes, context: grpc.ServicerContext) -> bytes:
+                context.abort(status, "request had invalid authentication credentials")
+                raise AssertionError("abort raises")
+
+            return grpc.unary_unary_rpc_method_handler(refuse)
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    server.add_generic_rpc_handlers((Refusing(),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    return server, port
 
 
 #: Every kit, by connector name, and what it is made from (``None``: no emulator).

@@ -17,14 +17,16 @@ starts a broker; the fixtures of :mod:`acklane.integration.pytest_plugin` do.
   in this process and pick out a stream's check.
 - :func:`run_until` runs a :class:`~acklane.core.pipeline.runner.Runner` in this process until
   a condition holds, then stops it; :func:`fired_ids` reads the ids the watchers fired.
-- :func:`eventually` waits until a condition holds, or fails the test naming it.
+- :func:`eventually` waits until a condition holds, or fails the test naming it (from
+  :mod:`acklane.core.testing`, which the engine's own tests use too).
 - :func:`run_engine` is the engine without a runner: a
   :class:`~acklane.core.manager.SharedStreamManager` whose watchers an
   :class:`EngineDriver` subscribes, playing the event store (every trigger event
   confirmed persisted at once, unless the test holds some back).
 - :class:`StreamDriver` is a producer without the engine: its stream pulled and its
   messages advanced by the test, with the outcomes the engine hands back
-  (:data:`CLEAN`, :data:`FAILED`, :data:`UNCLAIMED`, :func:`rejected`).
+  (:data:`CLEAN`, :data:`FAILED`, :data:`UNCLAIMED`, :func:`rejected`, from
+  :mod:`acklane.core.testing`).
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from acklane.core.events import EventStore
 from acklane.core.manager import SharedStreamManager
 from acklane.core.pipeline.runner import Runner
 from acklane.core.producer import AdvanceItem, AdvanceOutcome, SharedStreamProducer
+from acklane.core.testing import CLEAN, FAILED, UNCLAIMED, eventually, rejected
 from acklane.core.trigger import BaseEventTrigger
 
 __all__ = [
@@ -92,19 +95,6 @@ def big_orders(message: RawMessage):
     order = message.json()
     return {"id": order["id"]} if order["amount"] > 100 else None
 """
-
-#: The outcome of a message every watcher accepted (one watcher).
-CLEAN: Final = AdvanceOutcome(acked=1, failed=0)
-#: The outcome of a message a watcher failed: it must come again.
-FAILED: Final = AdvanceOutcome(acked=0, failed=1)
-#: The outcome of a message no watcher received: it must come again.
-UNCLAIMED: Final = AdvanceOutcome(acked=0, failed=0)
-
-
-def rejected(*reasons: str) -> AdvanceOutcome:
-    """The outcome of a message a watcher rejected, with the reasons it gave."""
-    return AdvanceOutcome(acked=0, failed=0, rejected=1, reject_reasons=reasons)
-
 
 #: The settings ``acklane run`` logs with in :class:`AcklaneRun`: one text line per
 #: record, wide enough that no line is wrapped.
@@ -212,26 +202,6 @@ async def run_until(
     finally:
         runner.request_stop()
         await task
-
-
-async def eventually(
-    check: Callable[[], bool | Awaitable[bool]], what: str, within: float = 20.0
-) -> None:
-    """Wait until ``check()`` (sync or async) holds, asking every 50 ms.
-
-    Not ``within`` seconds: AssertionError ``not within {within}s: {what}``.
-    """
-    try:
-        async with asyncio.timeout(within):
-            while True:
-                result = check()
-                if inspect.isawaitable(result):
-                    result = await result
-                if result:
-                    return
-                await asyncio.sleep(0.05)
-    except TimeoutError:
-        raise AssertionError(f"not within {within}s: {what}") from None
 
 
 class EngineDriver:
