@@ -408,9 +408,7 @@ class SqsBrokerKit(BrokerKit):
                 await asyncio.to_thread(self._strict.stop)
 
     async def create(self, *, ordered: bool = False) -> Source:
-        url = await self.queues.create(
-            "orders", fifo=ordered, visibility_timeout=self.VISIBILITY
-        )
+        url = await self.queues.create("orders", fifo=ordered, visibility_timeout=self.VISIBILITY)
         dlq = await self.queues.create("orders-dlq", fifo=ordered)
         fields = {**self.settings, "queue_url": url, "dead_letter": dlq, "wait_time_seconds": 1}
         return Source(url, ordered, fields, {"fifo": ordered})
@@ -641,9 +639,7 @@ class ServiceBusBrokerKit(BrokerKit):
     ) -> list[DeadLetter]:
         def read() -> list[DeadLetter]:
             copies = self.kit.peek_dead_letters(source.name)
-            return [
-                DeadLetter(b"".join(m.body), str(m.dead_letter_reason or "")) for m in copies
-            ]
+            return [DeadLetter(b"".join(m.body), str(m.dead_letter_reason or "")) for m in copies]
 
         result: list[DeadLetter] = await _until(
             lambda: asyncio.to_thread(read), lambda got: len(got) >= expect, within
