@@ -677,7 +677,8 @@ class ServiceBusBrokerKit(BrokerKit):
 
     async def advance_failure(self, source: Source) -> AdvanceFailure:
         # The namespace answers the next settlements with an error (the emulator's fault).
-        await asyncio.to_thread(self.emulator.refuse_settlements, source.name, 100)
+        # two: the SDK tries the receiver link, then the management link
+        await asyncio.to_thread(self.emulator.refuse_settlements, source.name, 2)
         return AdvanceFailure({}, "refused settlement", _CLEAN)
 
 
