@@ -38,6 +38,7 @@ from typing import Any
 import pytest
 
 from acklane.core.connectors import load_connector
+from acklane.core.errors import AdvanceError
 from acklane.core.pipeline.runner import Runner
 from acklane.integration.emulator import Emulator
 from acklane.integration.kits import KITS, BrokerKit, DeadLetter, Source, kit_for
@@ -225,10 +226,9 @@ async def test_an_advance_error_fails_the_group_and_the_restart_redelivers(
     first = drive(kit, source, **failure.fields)
     try:
         [pulled] = await first.take(1)
-        with pytest.raises(Exception) as raised:
+        with pytest.raises(AdvanceError):  # the kind every connector raises for it
             await first.advance((pulled, failure.outcome))
             await first.take(1, within=10)  # a settlement in the background fails the stream
-        assert not isinstance(raised.value, TimeoutError), "the advance did not fail"
     finally:
         await first.close()
     assert await kit.remaining(source) == 1  # not advanced past

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import ClassVar
 
-from acklane.core.errors import ConnectorError
+from acklane.core.errors import AdvanceError
 
 __all__ = [
     "MemoryBroker",
@@ -28,7 +28,7 @@ __all__ = [
 TopicPartition = tuple[str, int]
 
 
-class MemoryCommitRefused(ConnectorError, RuntimeError):
+class MemoryCommitRefused(AdvanceError):
     """The broker refused a commit (:meth:`MemoryBroker.refuse_commits`): nothing was
     committed, as when a real broker answers a commit with an error."""
 
