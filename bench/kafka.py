@@ -49,10 +49,10 @@ from acklane.connectors.kafka import (
 )
 from acklane.core.manager import SharedStreamManager
 from acklane.core.producer import AdvanceItem
+from acklane.core.testing import CLEAN
 from acklane.core.trigger import TriggerEvent
 from acklane.integration.emulator import emulator_for
 from acklane.integration.kafka import KafkaKit
-from acklane.integration.testing import CLEAN
 
 TARGET_FLOOR_RATIO = 0.5  # engine with 1 watcher / API floor
 TARGET_DELIVERIES = 700_000  # deliveries/s with 20 watchers ...

@@ -43,9 +43,9 @@ from _versus_bare import (  # the bench directory, not a package: found through 
 
 from acklane.connectors.sqs import SqsConfig, SqsMessageTrigger, SqsStreamProducer
 from acklane.core.producer import AdvanceItem
+from acklane.core.testing import CLEAN
 from acklane.integration.emulator import emulator_for
 from acklane.integration.sqs import SqsQueues
-from acklane.integration.testing import CLEAN
 
 STEADY_OPERATIONS = ("ReceiveMessage", "DeleteMessageBatch", "ChangeMessageVisibilityBatch")
 
