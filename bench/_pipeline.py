@@ -73,7 +73,7 @@ class FastKafka(KafkaAdapter):
         block = super().stream_block()
         block.update(batch_size=500, poll_timeout=0.1)
         block["client"] = {**block["client"], "fetch.wait.max.ms": self.FETCH_WAIT_MS}
-        block.pop("dlq_topic", None)
+        block.pop("dead_letter", None)
         return block
 
     def produce(self, bodies: Sequence[str]) -> None:
@@ -86,21 +86,21 @@ class FastSqs(SqsAdapter):
 
     def stream_block(self) -> dict[str, Any]:
         block = super().stream_block()
-        block.update(wait_time_seconds=1, max_messages=10)
+        block.update(wait_time_seconds=1, batch_size=10)
         return block
 
 
 class FastPubSub(PubSubAdapter):
     def stream_block(self) -> dict[str, Any]:
         block = super().stream_block()
-        block.update(max_messages=100)
+        block.update(batch_size=100)
         return block
 
 
 class FastServiceBus(ServiceBusAdapter):
     def stream_block(self) -> dict[str, Any]:
         block = super().stream_block()
-        block.update(max_batch=50, prefetch=100, max_wait_time=1)
+        block.update(batch_size=50, prefetch=100, max_wait_time=1)
         return block
 
     def produce(self, bodies: Sequence[str]) -> None:

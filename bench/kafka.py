@@ -48,7 +48,8 @@ from acklane.connectors.kafka import (
     KafkaStreamProducer,
 )
 from acklane.core.manager import SharedStreamManager
-from acklane.core.producer import AdvanceItem, AdvanceOutcome
+from acklane.core.producer import AdvanceItem
+from acklane.core.testing import CLEAN
 from acklane.core.trigger import TriggerEvent
 from acklane.integration.emulator import emulator_for
 from acklane.integration.kafka import KafkaKit
@@ -57,7 +58,6 @@ TARGET_FLOOR_RATIO = 0.5  # engine with 1 watcher / API floor
 TARGET_DELIVERIES = 700_000  # deliveries/s with 20 watchers ...
 TARGET_FANOUT_RATIO = 0.6  # ... or this much of the bare fan-out
 BATCH = 500
-CLEAN = AdvanceOutcome(acked=1, failed=0)
 
 
 @dataclass

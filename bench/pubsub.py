@@ -106,7 +106,7 @@ async def through_engine(
     seconds = await engine_seconds(
         feeder,
         watchers,
-        lambda: BenchWatcher(subscription=subscription, max_messages=max_messages, **settings),
+        lambda: BenchWatcher(subscription=subscription, batch_size=max_messages, **settings),
         lambda: BenchWatcher.producers[0].acked >= total,  # the last acks land
         poll=0.001,
         # Not timed: the stop lets the pull in flight on the now empty subscription

@@ -34,13 +34,13 @@ from _versus_bare import (  # the bench directory, not a package: found through 
     Result,
     print_table,
 )
-from azure.servicebus import ServiceBusMessage
+from azure.servicebus import ServiceBusMessage as Outgoing
 from azure.servicebus.aio import ServiceBusClient
 
 from acklane.connectors.servicebus import (
-    ServiceBusRecord,
+    ServiceBusMessage,
+    ServiceBusMessageTrigger,
     ServiceBusStreamProducer,
-    ServiceBusTrigger,
 )
 from acklane.core.manager import SharedStreamManager
 from acklane.core.trigger import TriggerEvent
@@ -64,7 +64,7 @@ async def fill(client: ServiceBusClient, queue: str, total: int) -> None:
         for start in range(0, total, 100):
             batch = await sender.create_message_batch()
             for i in range(start, min(start + 100, total)):
-                batch.add_message(ServiceBusMessage(f'{{"n": {i}}}'))
+                batch.add_message(Outgoing(f'{{"n": {i}}}'))
             await sender.send_messages(batch)
 
 
@@ -82,7 +82,7 @@ async def bare_loop(client: ServiceBusClient, queue: str, total: int, batch: int
     return Result("bare receive+complete", total, time.perf_counter() - started, calls)
 
 
-class BenchWatcher(ServiceBusTrigger):
+class BenchWatcher(ServiceBusMessageTrigger):
     producers: list[ServiceBusStreamProducer] = []
 
     @classmethod
@@ -94,7 +94,7 @@ class BenchWatcher(ServiceBusTrigger):
 
     async def filter_shared_stream(self, stream: AsyncIterator[Any]) -> AsyncIterator[TriggerEvent]:
         async for record in stream:
-            assert isinstance(record, ServiceBusRecord)
+            assert isinstance(record, ServiceBusMessage)
             yield TriggerEvent({"seq": record.sequence_number})
 
 
@@ -109,7 +109,7 @@ async def through_engine(
     settings = {
         "connection_string": connection_string,
         "queue": queue,
-        "max_batch": batch,
+        "batch_size": batch,
         "prefetch": batch,
         "max_wait_time": 1,
     }

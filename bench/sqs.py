@@ -42,12 +42,12 @@ from _versus_bare import (  # the bench directory, not a package: found through 
 )
 
 from acklane.connectors.sqs import SqsConfig, SqsMessageTrigger, SqsStreamProducer
-from acklane.core.producer import AdvanceItem, AdvanceOutcome
+from acklane.core.producer import AdvanceItem
+from acklane.core.testing import CLEAN
 from acklane.integration.emulator import emulator_for
 from acklane.integration.sqs import SqsQueues
 
 STEADY_OPERATIONS = ("ReceiveMessage", "DeleteMessageBatch", "ChangeMessageVisibilityBatch")
-CLEAN = AdvanceOutcome(acked=1, failed=0)
 
 
 def feeder_of(queues: SqsQueues, url: str, total: int, backlog: int) -> Feeder:

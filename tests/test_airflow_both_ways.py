@@ -312,7 +312,7 @@ def _triggers(af: SimpleNamespace, family: str, kit: KafkaKit, topic: str, dlq: 
             "group_id": group,
             "poll_timeout": 0.05,
             "client": dict(KafkaKit.FAST_GROUP),
-            "dlq_topic": dlq,
+            "dead_letter": dlq,
         }
         cls = AcklaneWatcher if family == "acklane" else af.HybridWatcher
         return cls(**kwargs), cls(**kwargs), group, lambda: None

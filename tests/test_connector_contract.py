@@ -12,7 +12,12 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from acklane.connectors.kafka import KafkaConfig, KafkaConnector, KafkaMessageTrigger
 from acklane.connectors.kafka import KafkaStreamProducer as KafkaProducer
-from acklane.connectors.memory import MemoryBroker, MemoryConfig, MemoryConnector, MemoryProducer
+from acklane.connectors.memory import (
+    MemoryBroker,
+    MemoryConfig,
+    MemoryConnector,
+    MemoryStreamProducer,
+)
 from acklane.connectors.sqs import (
     DEAD_LETTER_ATTRIBUTES,
     SqsConfig,
@@ -104,7 +109,7 @@ def _producers() -> list[SharedStreamProducer]:
     name = "contract-actions"
     MemoryBroker.get(name)
     return [
-        MemoryProducer(MemoryConfig(broker=name, topics=["t"])),
+        MemoryStreamProducer(MemoryConfig(broker=name, topics=["t"])),
         KafkaProducer(KafkaConfig.model_validate(KAFKA)),
         SqsStreamProducer(SqsConfig.model_validate(SQS)),
     ]
@@ -245,7 +250,7 @@ def test_a_yaml_watcher_validates_its_block_at_construction() -> None:
     assert watcher.shared_stream_key() == ("acklane", "memory", "default", ("t",), "acklane")
     assert watcher.stream_config() == MemoryConfig(topics=["t"])
     producer = WatcherTrigger.create_shared_stream_producer(watcher.serialize()[1])
-    assert isinstance(producer, MemoryProducer)
+    assert isinstance(producer, MemoryStreamProducer)
 
 
 def test_the_memory_connector_lives_with_the_others() -> None:

@@ -58,6 +58,7 @@ BRANCHES: dict[str, type[AcklaneError]] = {
     "acklane.connectors.sqs._producer.SqsAdvanceError": ConnectorError,
     "acklane.connectors.pubsub._producer.PubSubConnectorError": ConnectorError,
     "acklane.connectors.servicebus._producer.ServiceBusConnectorError": ConnectorError,
+    "acklane.connectors.memory._broker.MemoryCommitRefused": ConnectorError,
     # state stores
     "acklane.core.stores._errors.InvalidKeyError": StateStoreError,
     "acklane.core.stores._errors.InvalidValueError": StateStoreError,
@@ -111,6 +112,7 @@ BUILTIN_BASES: dict[str, type[Exception]] = {
     "acklane.connectors.kafka._producer.KafkaAdvanceError": RuntimeError,
     "acklane.connectors.sqs._producer.SqsConnectorError": RuntimeError,
     "acklane.connectors.sqs._producer.SqsAdvanceError": RuntimeError,
+    "acklane.connectors.memory._broker.MemoryCommitRefused": RuntimeError,
     "acklane.core.stores._errors.InvalidKeyError": ValueError,
     "acklane.core.stores._errors.InvalidValueError": ValueError,
     "acklane.core.stores._errors.ValueTypeError": TypeError,

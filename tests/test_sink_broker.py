@@ -275,7 +275,7 @@ async def test_an_unreachable_broker_is_retryable() -> None:
             "bootstrap_servers": f"127.0.0.1:{port}",
             "topics": ["orders"],
             "group_id": "g",
-            "dlq_flush_timeout": 1,
+            "dead_letter_flush_timeout": 1,
         },
         "sqs": {
             "connector": "sqs",
@@ -364,7 +364,7 @@ async def test_a_message_too_large_for_the_broker_is_parked_alone(
     said, expected = TOO_LARGE[broker]
     async for target in _TARGETS[broker](request):
         if broker == "kafka":
-            target.block["dlq_client"] = {"message.max.bytes": 100_000}
+            target.block["dead_letter_client"] = {"message.max.bytes": 100_000}
         results = await _deliver(target, batch, batch_size=3)
         assert results[0] is None and results[2] is None
         assert isinstance(results[1], RefusedDelivery)

@@ -16,16 +16,17 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from engine_harness import AckTrigger, Upstream, Watcher, eventually, settle
+from engine_harness import AckTrigger, Upstream, Watcher, settle
 from pydantic import BaseModel, ConfigDict, SecretStr
 
 from acklane.core import SharedStreamManager
+from acklane.core.testing import eventually
 
 
 class Settings(BaseModel):
     model_config = ConfigDict(frozen=True)
 
-    dlq_topic: str | None = None
+    dead_letter: str | None = None
     poll_timeout: float = 0.1
     password: SecretStr | None = None
 
@@ -74,14 +75,14 @@ async def _join(manager: SharedStreamManager, trigger_id: str, trigger: AckTrigg
 async def test_a_trigger_with_other_settings_is_refused_naming_the_triggers_and_fields(
     manager: SharedStreamManager, up: Upstream
 ) -> None:
-    first = Watcher(manager, "orders-audit", Configured(up.name, dlq_topic="orders.dlq")).start()
+    first = Watcher(manager, "orders-audit", Configured(up.name, dead_letter="orders.dlq")).start()
     await settle()
-    joiner = Configured(up.name, dlq_topic="orders.dead", poll_timeout=0.5)
+    joiner = Configured(up.name, dead_letter="orders.dead", poll_timeout=0.5)
     with pytest.raises(ValueError) as caught:
         await _join(manager, "orders-billing", joiner)
     text = str(caught.value)
     assert "trigger orders-billing reads the same upstream as trigger orders-audit" in text
-    assert "different settings (dlq_topic, poll_timeout)" in text
+    assert "different settings (dead_letter, poll_timeout)" in text
     assert "orders.dead" not in text and "0.5" not in text  # names, never values
     # the refused trigger never joined: the first one runs on
     assert [tid for (_, tid) in manager.queue_depths()] == ["orders-audit"]
@@ -101,8 +102,8 @@ async def test_a_differing_secret_is_named_and_its_values_never_printed(
 
 
 async def test_equal_settings_share_one_poll(manager: SharedStreamManager, up: Upstream) -> None:
-    a = Watcher(manager, "a", Configured(up.name, dlq_topic="d", password="p")).start()
-    b = Watcher(manager, "b", Configured(up.name, dlq_topic="d", password="p")).start()
+    a = Watcher(manager, "a", Configured(up.name, dead_letter="d", password="p")).start()
+    b = Watcher(manager, "b", Configured(up.name, dead_letter="d", password="p")).start()
     await settle()
     up.push(1)
     await eventually(lambda: a.events == [1] and b.events == [1] and len(up.items) == 1)
@@ -122,7 +123,7 @@ async def test_triggers_without_settings_are_not_checked(
 
     a = Watcher(manager, "a", Other(up.name, 1)).start()
     b = Watcher(manager, "b", Other(up.name, 2)).start()
-    c = Watcher(manager, "c", Configured(up.name, dlq_topic="x")).start()  # first has none
+    c = Watcher(manager, "c", Configured(up.name, dead_letter="x")).start()  # first has none
     await settle()
     up.push(1)
     await eventually(lambda: len(up.items) == 1)
@@ -134,12 +135,12 @@ async def test_the_founders_settings_hold_after_it_left(
     manager: SharedStreamManager, up: Upstream
 ) -> None:
     # The producer was built from the founder's kwargs: they stay the group's settings.
-    founder = Watcher(manager, "founder", Configured(up.name, dlq_topic="one")).start()
-    Watcher(manager, "stays", Configured(up.name, dlq_topic="one")).start()
+    founder = Watcher(manager, "founder", Configured(up.name, dead_letter="one")).start()
+    Watcher(manager, "stays", Configured(up.name, dead_letter="one")).start()
     await settle()
     await founder.stop()
     with pytest.raises(ValueError, match="as trigger founder"):
-        await _join(manager, "late", Configured(up.name, dlq_topic="two"))
+        await _join(manager, "late", Configured(up.name, dead_letter="two"))
 
 
 @dataclass(frozen=True)
@@ -183,7 +184,7 @@ async def test_dataclass_and_mapping_settings_name_their_fields(
 # -- the connectors' trigger classes (constructed only: no broker is reached) ----------
 
 
-async def test_kafka_triggers_with_different_dlq_topics_are_refused_before_anything_connects(
+async def test_kafka_triggers_with_other_dead_letter_topics_are_refused_before_anything_connects(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from acklane.connectors.kafka import KafkaMessageTrigger, _producer
@@ -207,8 +208,8 @@ async def test_kafka_triggers_with_different_dlq_topics_are_refused_before_anyth
         "sasl_mechanism": "PLAIN",
         "sasl_username": "u",
     }
-    audit = KafkaMessageTrigger(**common, dlq_topic="orders.dlq", sasl_password="s3cret-one")
-    billing = KafkaMessageTrigger(**common, dlq_topic="orders.dead", sasl_password="s3cret-two")
+    audit = KafkaMessageTrigger(**common, dead_letter="orders.dlq", sasl_password="s3cret-one")
+    billing = KafkaMessageTrigger(**common, dead_letter="orders.dead", sasl_password="s3cret-two")
     assert audit.shared_stream_key() == billing.shared_stream_key()
     # a long grace period: the first group's poll (the consumer) never starts in this test
     manager = SharedStreamManager(ack_timeout=30.0, cohort_grace_period=60.0)
@@ -222,7 +223,7 @@ async def test_kafka_triggers_with_different_dlq_topics_are_refused_before_anyth
         await Watcher.stop_everyone()
     text = str(caught.value)
     assert "trigger billing reads the same upstream as trigger audit" in text
-    assert "(dlq_topic, sasl_password)" in text
+    assert "(dead_letter, sasl_password)" in text
     assert "s3cret" not in text and "orders.dead" not in text
     assert made == []
 
@@ -274,14 +275,14 @@ async def test_configured_watchers_built_in_python_are_checked_too(
     try:
 
         def watcher(name: str, dlq: str) -> WatcherTrigger:
-            config = {"broker": broker, "topics": ["t"], "group_id": "g", "dlq_topic": dlq}
+            config = {"broker": broker, "topics": ["t"], "group_id": "g", "dead_letter": dlq}
             return WatcherTrigger(
                 name=name, stream="s", connector="memory", connector_config=config
             )
 
         Watcher(manager, "a", watcher("a", "t.dlq")).start()
         await settle()
-        with pytest.raises(ValueError, match=r"trigger b .* \(dlq_topic\)"):
+        with pytest.raises(ValueError, match=r"trigger b .* \(dead_letter\)"):
             await _join(manager, "b", watcher("b", "t.dead"))
     finally:
         MemoryBroker.remove(broker)

@@ -268,12 +268,6 @@ async def settle(rounds: int = 20) -> None:
         await asyncio.sleep(0)
 
 
-async def eventually(cond: Callable[[], bool], timeout: float = 5.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not cond():
-            await asyncio.sleep(0.005)
-
-
 class Gate:
     """A behavior that holds each raw event until the test releases it."""
 

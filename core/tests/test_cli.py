@@ -202,7 +202,7 @@ def test_config_show_prints_the_resolved_configuration(
         "topics": ["orders"],
         "group_id": "acklane",
         "partitions": 3,
-        "dlq_topic": None,
+        "dead_letter": None,
         "batch_size": 256,
         "poll_interval": 1.0,
         "max_attempts": 5,
@@ -211,3 +211,55 @@ def test_config_show_prints_the_resolved_configuration(
     yaml_text = runner.invoke(app, ["config", "show", str(cfg)]).stdout
     assert "url: postgresql://acklane:***@db:5432/acklane" in yaml_text
     assert "s3cr3t" not in yaml_text + result.stdout
+
+
+OLD_NAMES_PIPELINE = """\
+store: {{url: "sqlite:///{db}"}}
+streams:
+  orders:
+    connector: memory
+    topics: [orders]
+    dlq_topic: orders.dlq
+watchers:
+  - {{name: all, stream: orders}}
+"""
+
+
+def test_validate_lists_old_setting_names_at_their_line_with_the_new_ones(
+    tmp_path: Path,
+) -> None:
+    cfg = tmp_path / "pipeline.yaml"
+    cfg.write_text(OLD_NAMES_PIPELINE.format(db=tmp_path / "e.db"))
+    text = runner.invoke(app, ["validate", str(cfg)])
+    assert text.exit_code == 0, text.output  # they still work
+    assert (
+        f"old name {cfg}:6: streams.orders.dlq_topic: deprecated, now called dead_letter"
+        in " ".join(text.output.split())
+    )
+    document = json.loads(runner.invoke(app, ["validate", "--format", "json", str(cfg)]).stdout)
+    assert document["valid"] is True
+    assert document["deprecations"] == [
+        {
+            "file": str(cfg),
+            "line": 6,
+            "field": "streams.orders.dlq_topic",
+            "message": "deprecated, now called dead_letter; the old name still works for now",
+        }
+    ]
+
+
+def test_a_command_that_loads_the_pipeline_logs_its_old_setting_names(tmp_path: Path) -> None:
+    cfg = tmp_path / "pipeline.yaml"
+    cfg.write_text(OLD_NAMES_PIPELINE.format(db=tmp_path / "e.db"))
+    shown = subprocess.run(
+        [sys.executable, "-m", "acklane.core.cli", "config", "show", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "ACKLANE_LOG_FORMAT": "text", "COLUMNS": "200"},
+    )
+    assert shown.returncode == 0, shown.stderr
+    [line] = [line for line in shown.stderr.splitlines() if "dlq_topic" in line]
+    assert " WARNING " in line and f"{cfg}:6: streams.orders.dlq_topic" in line
+    assert "FutureWarning" not in shown.stderr  # a log line, not Python's warning
+    assert "dead_letter: orders.dlq" in shown.stdout  # shown under its new name

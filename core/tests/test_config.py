@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import textwrap
 import uuid
+import warnings
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from acklane.connectors.memory import (
     MemoryBroker,
     MemoryConfig,
     MemoryConnector,
-    MemoryProducer,
+    MemoryStreamProducer,
 )
 from acklane.core.config import AcklaneConfig, ConfigError, load_config, parse_config
 from acklane.core.message import RawMessage
@@ -34,7 +35,7 @@ streams:
     connector: memory
     broker: cfg-test
     topics: [orders]
-    dlq_topic: orders.dlq
+    dead_letter: orders.dlq
 watchers:
   - name: big-orders
     stream: orders
@@ -83,7 +84,7 @@ def test_a_valid_file_gives_engine_store_streams_and_watchers(tmp_path: Path) ->
     stream = config.streams["orders"]
     assert stream.connector is MemoryConnector
     assert isinstance(stream.config, MemoryConfig)
-    assert stream.config.dlq_topic == "orders.dlq"
+    assert stream.config.dead_letter == "orders.dlq"
     assert stream.key == ("acklane", "memory", "cfg-test", ("orders",), "acklane")
     assert [w.name for w in config.watchers] == ["big-orders", "everything"]
     assert config.watcher("big-orders").asset == "big_orders"
@@ -229,19 +230,19 @@ def test_connector_field_errors_map_back_to_their_line(tmp_path: Path) -> None:
 
 
 def test_an_unknown_connector_field_lists_the_connectors_fields(tmp_path: Path) -> None:
-    path = write(tmp_path, VALID.replace("dlq_topic:", "dead_letter_topic:"))
+    path = write(tmp_path, VALID.replace("dead_letter:", "dead_letter_topics:"))
     message = error(path)
     assert (
-        f"{path}:{line(path, 'dead_letter_topic')}: streams.orders.dead_letter_topic: unknown field"
-        in message
+        f"{path}:{line(path, 'dead_letter_topics')}: streams.orders.dead_letter_topics: "
+        "unknown field" in message
     )
-    assert "dlq_topic" in message
+    assert "'dead_letter'" in message
 
 
 def test_a_connector_model_check_is_reported_at_the_stream(tmp_path: Path) -> None:
-    path = write(tmp_path, VALID.replace("dlq_topic: orders.dlq", "dlq_topic: orders"))
+    path = write(tmp_path, VALID.replace("dead_letter: orders.dlq", "dead_letter: orders"))
     assert (
-        f"{path}:{line(path, '  orders:')}: streams.orders: dlq_topic 'orders' is also consumed"
+        f"{path}:{line(path, '  orders:')}: streams.orders: dead_letter 'orders' is also consumed"
         in error(path)
     )
 
@@ -336,6 +337,66 @@ def test_a_config_error_is_a_value_error() -> None:
         parse_config("- just\n- a list\n")
 
 
+# -- old names of settings --------------------------------------------------------------
+
+
+def test_an_old_setting_name_still_loads_with_a_warning_at_its_file_and_line(
+    tmp_path: Path,
+) -> None:
+    path = write(tmp_path, VALID.replace("dead_letter:", "dlq_topic:"))
+    with pytest.warns(FutureWarning) as caught:
+        config = load_config(path, env={})
+    assert config.streams["orders"].config.dead_letter == "orders.dlq"  # type: ignore[attr-defined]
+    [warning] = [w for w in caught if "dlq_topic" in str(w.message)]
+    assert (warning.filename, warning.lineno) == (str(path), line(path, "dlq_topic"))
+    assert str(warning.message) == (
+        "streams.orders.dlq_topic is deprecated, now called dead_letter; the old name still "
+        "works for now"
+    )
+    [note] = config.deprecations
+    assert str(note) == (
+        f"{path}:{line(path, 'dlq_topic')}: streams.orders.dlq_topic: deprecated, now called "
+        "dead_letter; the old name still works for now"
+    )
+
+
+def test_the_watchers_carry_the_new_name_of_an_old_setting(tmp_path: Path) -> None:
+    path = write(tmp_path, VALID.replace("dead_letter:", "dlq_topic:"))
+    with pytest.warns(FutureWarning):
+        config = load_config(path, env={})
+    assert config.streams["orders"].options["dead_letter"] == "orders.dlq"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # building the watchers warns no more
+        _, kwargs = build_watchers(config)[0].serialize()
+    assert "dlq_topic" not in kwargs["connector_config"]
+
+
+def test_an_old_name_beside_its_new_one_is_a_problem_at_the_old_ones_line(
+    tmp_path: Path,
+) -> None:
+    path = write(tmp_path, VALID.replace("dead_letter:", "dlq_topic: a\n    dead_letter:"))
+    with pytest.warns(FutureWarning):
+        text = error(path)
+    assert (
+        f"{path}:{line(path, 'dlq_topic')}: streams.orders.dlq_topic: dlq_topic is the old name "
+        "of dead_letter: give only dead_letter" in text
+    )
+
+
+def test_a_bad_value_under_an_old_name_is_reported_at_its_line(tmp_path: Path) -> None:
+    path = write(tmp_path, VALID.replace("dead_letter: orders.dlq", "dlq_topic: orders"))
+    with pytest.warns(FutureWarning):
+        text = error(path)
+    assert f"{path}:{line(path, '  orders:')}: streams.orders: dead_letter 'orders'" in text
+
+
+def test_a_file_with_the_new_names_warns_nothing(tmp_path: Path) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        config = load_config(write(tmp_path, VALID), env={})
+    assert config.deprecations == ()
+
+
 # -- environment variables --------------------------------------------------------------
 
 
@@ -404,7 +465,11 @@ def test_a_trigger_serializes_to_json_kwargs_that_rebuild_it(config: AcklaneConf
         "name": "big-orders",
         "stream": "orders",
         "connector": "memory",
-        "connector_config": {"broker": "cfg-test", "topics": ["orders"], "dlq_topic": "orders.dlq"},
+        "connector_config": {
+            "broker": "cfg-test",
+            "topics": ["orders"],
+            "dead_letter": "orders.dlq",
+        },
         "filter_spec": {"match": {"body.amount": {"gt": 100}}},
         "asset": "big_orders",
     }
@@ -415,8 +480,8 @@ def test_a_trigger_serializes_to_json_kwargs_that_rebuild_it(config: AcklaneConf
 def test_the_producer_is_built_from_the_first_subscribers_kwargs(config: AcklaneConfig) -> None:
     _, kwargs = build_watchers(config)[0].serialize()
     producer = WatcherTrigger.create_shared_stream_producer(kwargs)
-    assert isinstance(producer, MemoryProducer)
-    assert producer.config.dlq_topic == "orders.dlq"
+    assert isinstance(producer, MemoryStreamProducer)
+    assert producer.config.dead_letter == "orders.dlq"
 
 
 async def test_a_triggers_filter_turns_raw_messages_into_trigger_events(
@@ -503,7 +568,7 @@ def test_a_missing_variable_is_one_problem_not_two(tmp_path: Path) -> None:
     path = write(
         tmp_path,
         VALID.replace("ack_timeout: 60", "ack_timeout: ${ACK_TIMEOUT}").replace(
-            "dlq_topic: orders.dlq", "dlq_topic: ${DLQ}\n    partitions: ${PARTS}"
+            "dead_letter: orders.dlq", "dead_letter: ${DLQ}\n    partitions: ${PARTS}"
         ),
     )
     with pytest.raises(ConfigError) as info:
@@ -524,11 +589,13 @@ def test_a_value_no_union_member_accepts_is_one_problem(tmp_path: Path) -> None:
 
 
 def test_two_fields_with_one_wrong_value_stay_two_problems(tmp_path: Path) -> None:
-    path = write(tmp_path, VALID.replace("dlq_topic: orders.dlq", "dlq_topic: 5\n    group_id: 5"))
+    path = write(
+        tmp_path, VALID.replace("dead_letter: orders.dlq", "dead_letter: 5\n    group_id: 5")
+    )
     with pytest.raises(ConfigError) as info:
         load_config(path, env={})
     assert [p.path for p in info.value.problems] == [
-        "streams.orders.dlq_topic",
+        "streams.orders.dead_letter",
         "streams.orders.group_id",
     ]
 

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Hashable
 from typing import Any
 
 import pytest
-from engine_harness import AckTrigger, FastTrigger, Gate, Upstream, Watcher, eventually, settle
+from engine_harness import AckTrigger, FastTrigger, Gate, Upstream, Watcher, settle
 
 from acklane.core import (
     AckTimeout,
@@ -25,6 +25,7 @@ from acklane.core import (
 )
 from acklane.core.connectors.deadletter import outcome_reason
 from acklane.core.producer import reject_reasons_of
+from acklane.core.testing import eventually
 from acklane.core.trigger import uses_ack_channel
 
 

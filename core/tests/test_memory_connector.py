@@ -21,10 +21,10 @@ from acklane.connectors.memory import (
     MemoryConfig,
     MemoryConnector,
     MemoryConsumer,
-    MemoryPayload,
-    MemoryProducer,
+    MemoryDelivery,
+    MemoryStreamProducer,
 )
-from acklane.core.connectors import load_connector
+from acklane.core.connectors import Action, load_connector
 from acklane.core.connectors.deadletter import (
     ORIGIN_OFFSET,
     ORIGIN_PARTITION,
@@ -33,17 +33,9 @@ from acklane.core.connectors.deadletter import (
 )
 from acklane.core.message import RawMessage
 from acklane.core.producer import AdvanceItem, AdvanceOutcome
+from acklane.core.testing import CLEAN, FAILED, UNCLAIMED, rejected
 
-CLEAN = AdvanceOutcome(acked=2, failed=0)
-FAILED = AdvanceOutcome(acked=1, failed=1)
-NOBODY = AdvanceOutcome(acked=0, failed=0, rejected=0)
-
-
-def rejected(*reasons: str) -> AdvanceOutcome:
-    return AdvanceOutcome(acked=1, failed=0, rejected=1, reject_reasons=reasons)
-
-
-Delivery = tuple[RawMessage, MemoryPayload]
+Delivery = tuple[RawMessage, MemoryDelivery]
 
 
 @pytest.fixture
@@ -56,13 +48,13 @@ def broker() -> Iterator[MemoryBroker]:
     MemoryBroker.remove(name)
 
 
-def producer_for(broker: MemoryBroker, **settings: Any) -> MemoryProducer:
+def producer_for(broker: MemoryBroker, **settings: Any) -> MemoryStreamProducer:
     config = {"broker": broker.name, "topics": ["t"], "partitions": 1, **settings}
     return MemoryConnector.create_producer(config)
 
 
 @asynccontextmanager
-async def opened(producer: MemoryProducer) -> AsyncIterator[AsyncIterator[Delivery]]:
+async def opened(producer: MemoryStreamProducer) -> AsyncIterator[AsyncIterator[Delivery]]:
     stream = producer.open_stream()
     try:
         yield stream  # type: ignore[misc]
@@ -222,7 +214,7 @@ async def test_an_event_nobody_received_holds_the_partition(broker: MemoryBroker
     producer = producer_for(broker)
     async with opened(producer) as stream:
         first = await take(stream, 2)
-        await producer.advance(items(first, NOBODY, CLEAN))
+        await producer.advance(items(first, UNCLAIMED, CLEAN))
         assert broker.committed("acklane", "t", 0) == 0
         assert offsets(await take(stream, 1)) == [0]
 
@@ -245,7 +237,7 @@ async def test_a_rejected_item_is_dead_lettered_with_origin_and_reason_headers(
     broker: MemoryBroker,
 ) -> None:
     broker.publish("t", b'{"bad": true}', key="k", headers={"source": "web"})
-    producer = producer_for(broker, dlq_topic="t.dlq")
+    producer = producer_for(broker, dead_letter="t.dlq")
     async with opened(producer) as stream:
         got = await take(stream, 1)
         await producer.advance(items(got, rejected("watcher a: not JSON", "watcher b: invalid")))
@@ -280,7 +272,7 @@ async def test_a_rejected_item_behind_a_held_one_waits_for_its_redelivery(
     broker: MemoryBroker,
 ) -> None:
     publish(broker, 2)
-    producer = producer_for(broker, dlq_topic="t.dlq")
+    producer = producer_for(broker, dead_letter="t.dlq")
     async with opened(producer) as stream:
         first = await take(stream, 2)
         await producer.advance(items(first, FAILED, rejected("bad")))
@@ -321,6 +313,7 @@ async def test_counters_report_commits_redeliveries_dlq_and_drops(broker: Memory
     assert stats.delivered == 4
     assert stats.redelivered == 2
     assert stats.dropped == 1
+    assert producer.counters()[Action.SOUGHT_BACK] == 1  # one seek back to the failed head
 
 
 # -- polling ----------------------------------------------------------------------------
@@ -392,7 +385,7 @@ def test_the_memory_connector_is_found_by_its_entry_point() -> None:
 
 def test_the_stream_key_is_broker_sorted_topics_and_group() -> None:
     config = MemoryConnector.config_model.model_validate(
-        {"topics": ["b", "a"], "batch_size": 5, "dlq_topic": "d"}
+        {"topics": ["b", "a"], "batch_size": 5, "dead_letter": "d"}
     )
     assert MemoryConnector.stream_key(config) == ("default", ("a", "b"), "acklane")
 
@@ -404,14 +397,14 @@ def test_topics_are_required_and_not_empty() -> None:
         MemoryConnector.config_model.model_validate({"topics": []})
 
 
-def test_a_dlq_topic_that_is_also_consumed_is_refused() -> None:
-    with pytest.raises(ValidationError, match="dlq_topic 't' is also consumed"):
-        MemoryConnector.config_model.model_validate({"topics": ["t"], "dlq_topic": "t"})
+def test_a_dead_letter_that_is_also_consumed_is_refused() -> None:
+    with pytest.raises(ValidationError, match="dead_letter 't' is also consumed"):
+        MemoryConnector.config_model.model_validate({"topics": ["t"], "dead_letter": "t"})
 
 
 # -- a randomized check of the commit rule ------------------------------------------------
 
-ANY_OUTCOME = [CLEAN, FAILED, NOBODY, rejected("bad")]
+ANY_OUTCOME = [CLEAN, FAILED, UNCLAIMED, rejected("bad")]
 
 
 def committable(outcome: AdvanceOutcome) -> bool:
@@ -434,7 +427,7 @@ async def _simulate(data: st.DataObject) -> None:
         n = data.draw(st.integers(1, 8), label="messages")
         publish(broker, n)
         producer = producer_for(
-            broker, batch_size=data.draw(st.integers(1, 4), label="batch"), dlq_topic="t.dlq"
+            broker, batch_size=data.draw(st.integers(1, 4), label="batch"), dead_letter="t.dlq"
         )
         accepted: set[int] = set()
         pending: list[Delivery] = []
@@ -486,7 +479,9 @@ async def test_a_reject_behind_a_held_record_is_judged_again_not_committed_past_
     broker.create_topic("t", 1)
     for i in range(4):
         broker.publish("t", f"v{i}", partition=0)
-    p = MemoryProducer(MemoryConfig(broker=name, topics=["t"], partitions=1, dlq_topic="dlq"))
+    p = MemoryStreamProducer(
+        MemoryConfig(broker=name, topics=["t"], partitions=1, dead_letter="dlq")
+    )
     failed = AdvanceOutcome(1, 1, 0)
     clean = AdvanceOutcome(1, 0, 0)
     stream = p.open_stream()

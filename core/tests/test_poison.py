@@ -62,7 +62,7 @@ def _config(
                 topics: [orders]
                 group_id: g
                 partitions: 1
-                dlq_topic: orders.dlq
+                dead_letter: orders.dlq
                 poll_interval: 0.02
             """
         )

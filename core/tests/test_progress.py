@@ -44,7 +44,7 @@ def _config(db: str, broker: str, filter_: str, interval: float = 0.05) -> str:
         store: {{url: "sqlite:///{db}"}}
         streams:
           orders: {{connector: memory, broker: {broker}, topics: [orders], group_id: g,
-                    partitions: 2, dlq_topic: orders.dlq, batch_size: 4, poll_interval: 0.02}}
+                    partitions: 2, dead_letter: orders.dlq, batch_size: 4, poll_interval: 0.02}}
         watchers:
           - {{name: all, stream: orders, filter: {filter_}}}
         """

@@ -43,7 +43,7 @@ def _config(db: Path, broker: str, watchers: str, ack_timeout: float = 5) -> Any
             topics: [orders]
             group_id: g
             partitions: 2
-            dlq_topic: orders.dlq
+            dead_letter: orders.dlq
             batch_size: 4
             poll_interval: 0.02
         watchers:

@@ -2,7 +2,7 @@
 
 Secrets are planted through ``${VAR}`` in every field that can hold one (the store
 URL's password, every SecretStr field of the connectors, Kafka ``client:`` and
-``dlq_client:`` properties, a value from a variable with a secret-like name), and
+``dead_letter_client:`` properties, a value from a variable with a secret-like name), and
 the stdout and stderr of every command are scanned for them: ``validate`` (text and
 JSON), ``config show`` (YAML and JSON), ``events list``/``tail``, ``store
 list``/``get``, and ``run`` (a real process with the memory, Kafka and SQS
@@ -91,7 +91,7 @@ streams:
       sasl.username: u
       sasl.password: ${K5}
       sasl.oauthbearer.client.secret: ${K6}
-    dlq_client:
+    dead_letter_client:
       ssl.key.password: ${K7}
   q:
     connector: sqs

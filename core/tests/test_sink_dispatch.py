@@ -14,7 +14,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from engine_harness import eventually
 
 from acklane.core.events import EventRecord, EventStore, cutoff_for
 from acklane.core.sinks import (
@@ -32,6 +31,7 @@ from acklane.core.sinks import (
     sink_status,
 )
 from acklane.core.sql import async_engine
+from acklane.core.testing import eventually
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -120,7 +120,7 @@ async def test_a_commit_wakes_the_dispatcher_without_waiting_for_the_poll(sqlite
     async with running(sqlite_url, sink, poll_interval=3600) as (store, _):
         await asyncio.sleep(0.1)  # the first round found nothing; the next poll is an hour off
         await put(store, [1])
-        await eventually(lambda: len(sink.delivered) == 1, timeout=10)
+        await eventually(lambda: len(sink.delivered) == 1, within=10)
 
 
 async def test_a_failed_delivery_is_retried_then_delivered(db_url: str) -> None:
@@ -236,7 +236,7 @@ async def test_concurrent_requests_deliver_each_event_once(db_url: str) -> None:
     sink = Recording(ordered=False, concurrency=8, batch_size=3)
     async with running(db_url, sink) as (store, _):
         await put(store, range(200))
-        await eventually(lambda: len(sink.delivered) == 200, timeout=30)
+        await eventually(lambda: len(sink.delivered) == 200, within=30)
         await asyncio.sleep(0.2)
     assert sorted(sink.numbers()) == list(range(200))
 
@@ -331,7 +331,7 @@ async def test_two_processes_share_a_sink_without_delivering_an_event_twice(pg_u
         running(pg_url, b, lease_ttl=1.0),
     ):
         await put(store, range(50))
-        await eventually(lambda: len(a.delivered) + len(b.delivered) == 50, timeout=30)
+        await eventually(lambda: len(a.delivered) + len(b.delivered) == 50, within=30)
         await asyncio.sleep(0.3)
     ids = [d.event_id for d in a.delivered + b.delivered]
     assert len(ids) == len(set(ids)) == 50
@@ -349,7 +349,7 @@ async def test_a_dead_process_has_its_sink_taken_over_after_its_lease(pg_url: st
         async with Dispatcher(pg_url, [(b, ("w",))], lease_ttl=1.0, owner="second") as second:
             store.add_commit_listener(second.wake)
             await put(store, range(5))
-            await eventually(lambda: len(b.delivered) == 5, timeout=20)
+            await eventually(lambda: len(b.delivered) == 5, within=20)
         assert first._engine is not None
         await first._engine.dispose()
     assert a.delivered == []
@@ -413,4 +413,4 @@ async def test_a_lease_held_by_a_dead_process_of_this_host_is_taken_at_once(
     finally:
         await engine.dispose()
     async with running(sqlite_url, sink, lease_ttl=3600):
-        await eventually(lambda: len(sink.delivered) == 1, timeout=10)
+        await eventually(lambda: len(sink.delivered) == 1, within=10)

@@ -18,7 +18,7 @@ TOPIC = os.environ.get("ACKLANE_EXAMPLE_KAFKA_TOPIC", "orders")
 GROUP = os.environ.get("ACKLANE_EXAMPLE_KAFKA_GROUP", "airflow-orders")
 DLQ = os.environ.get("ACKLANE_EXAMPLE_KAFKA_DLQ", "orders-dlq")
 
-shared = {"conn_id": "acklane_kafka", "topics": [TOPIC], "group_id": GROUP, "dlq_topic": DLQ}
+shared = {"conn_id": "acklane_kafka", "topics": [TOPIC], "group_id": GROUP, "dead_letter": DLQ}
 
 orders = Asset(
     "kafka_orders",

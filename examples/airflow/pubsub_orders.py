@@ -23,7 +23,7 @@ orders = Asset(
             trigger=PubSubEventTrigger(
                 conn_id="acklane_pubsub",
                 subscription=SUBSCRIPTION,
-                dead_letter_topic=DEAD_LETTER_TOPIC,
+                dead_letter=DEAD_LETTER_TOPIC,
                 name="orders",
                 filter={
                     "match": {"body.type": "order"},

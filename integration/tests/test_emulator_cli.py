@@ -94,7 +94,7 @@ def test_kafka_from_a_configuration_listens_where_it_reaches_and_creates_its_top
                 "bootstrap_servers": "${KAFKA_BOOTSTRAP_SERVERS}",
                 "topics": ["orders", "^pattern-.*"],
                 "group_id": "g",
-                "dlq_topic": "orders.dlq",
+                "dead_letter": "orders.dlq",
             }
         },
     )

@@ -110,7 +110,7 @@ def test_the_kafka_connector_is_registered_under_its_name() -> None:
     [
         ({"client": {"group.id": "x"}}, "set the group_id field"),
         ({"client": {"bootstrap.servers": "x:1"}}, "set the bootstrap_servers field"),
-        ({"dlq_topic": "orders"}, "dlq_topic 'orders' is one of the consumed topics"),
+        ({"dead_letter": "orders"}, "dead_letter 'orders' is one of the consumed topics"),
         ({"topics": []}, "expected at least one topic"),
         ({"topics": ["bad topic"]}, "is not a Kafka topic name"),
         ({"bootstrap_servers": "nohost"}, "'nohost' is not host:port"),
@@ -136,7 +136,7 @@ def test_security_fields_pass_through_to_librdkafka_and_stay_out_of_descriptions
         sasl_password="s3cret",
         ssl_ca_location="/etc/ca.pem",
         client={"sasl.oauthbearer.config": "x=y"},
-        dlq_client={"linger.ms": 5},
+        dead_letter_client={"linger.ms": 5},
     )
     consumer, dlq = c.consumer_settings(), c.dlq_settings()
     for settings in (consumer, dlq):
@@ -171,7 +171,7 @@ def test_the_admin_client_gets_servers_security_and_shared_properties_only() -> 
     c = config(
         security_protocol="SSL",
         client={"session.timeout.ms": 6000, "socket.timeout.ms": 5000},
-        dlq_client={"linger.ms": 5},
+        dead_letter_client={"linger.ms": 5},
     )
     assert c.admin_settings() == {
         "bootstrap.servers": NOWHERE,

@@ -27,11 +27,11 @@ from acklane.connectors.kafka._producer import DLQ_ADDED_MAX_BYTES, DLQ_GROUP_MA
 from acklane.core.connectors.deadletter import REASON_MAX_BYTES, TRUNCATED_MARK, bounded_text
 from acklane.core.producer import AdvanceItem, AdvanceOutcome
 from acklane.integration.kafka import KafkaKit
+from acklane.integration.testing import CLEAN, rejected
 
 MakeConfig = Callable[..., KafkaConfig]
 OpenStream = Callable[[KafkaConfig], Any]
 
-CLEAN = AdvanceOutcome(acked=1, failed=0)
 ACKLANE_HEADERS = (
     "acklane.origin.topic",
     "acklane.origin.partition",
@@ -39,10 +39,6 @@ ACKLANE_HEADERS = (
     "acklane.origin.group",
     "acklane.reject.reason",
 )
-
-
-def rejected(*reasons: str) -> AdvanceOutcome:
-    return AdvanceOutcome(acked=0, failed=0, rejected=1, reject_reasons=reasons)
 
 
 def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -58,7 +54,7 @@ async def test_the_reason_is_cut_to_its_bound_and_the_group_name_too(
     topic, dlq = kafka_kit.new_topic(), kafka_kit.new_topic("dlq")
     kafka_kit.produce(topic, [b"bad"])
     group = KafkaKit.unique("g" * 400)
-    config = make_kafka_config(topic, dlq_topic=dlq, group_id=group)
+    config = make_kafka_config(topic, dead_letter=dlq, group_id=group)
     driver = open_kafka_stream(config)
 
     [(_, delivery)] = await driver.take(1)
@@ -80,7 +76,7 @@ async def test_a_rejection_without_reasons_says_how_many_watchers_rejected_it(
 ) -> None:
     topic, dlq = kafka_kit.new_topic(), kafka_kit.new_topic("dlq")
     kafka_kit.produce(topic, [b"a", b"b"])
-    driver = open_kafka_stream(make_kafka_config(topic, dlq_topic=dlq))
+    driver = open_kafka_stream(make_kafka_config(topic, dead_letter=dlq))
 
     got = await driver.take(2)
     outcomes = [AdvanceOutcome(0, 0, 1), AdvanceOutcome(0, 0, 2, ("", ""))]
@@ -95,7 +91,7 @@ async def test_a_rejection_without_reasons_says_how_many_watchers_rejected_it(
 # -- the check at start ----------------------------------------------------------------
 
 
-async def test_a_dlq_topic_smaller_than_a_source_topic_is_reported_at_start(
+async def test_a_dead_letter_topic_smaller_than_a_source_topic_is_reported_at_start(
     kafka_kit: KafkaKit,
     make_kafka_config: MakeConfig,
     open_kafka_stream: OpenStream,
@@ -104,7 +100,7 @@ async def test_a_dlq_topic_smaller_than_a_source_topic_is_reported_at_start(
     topic = kafka_kit.new_topic(config={"max.message.bytes": "1000000"})
     dlq = kafka_kit.new_topic("dlq", config={"max.message.bytes": "2000"})
     kafka_kit.produce(topic, [b"a"])
-    driver = open_kafka_stream(make_kafka_config(topic, dlq_topic=dlq))
+    driver = open_kafka_stream(make_kafka_config(topic, dead_letter=dlq))
 
     with caplog.at_level(logging.WARNING, logger="acklane.connectors.kafka"):
         await driver.take(1)
@@ -125,17 +121,22 @@ async def test_a_dlq_producer_limit_smaller_than_a_source_topic_is_reported_at_s
     topic = kafka_kit.new_topic(config={"max.message.bytes": "1000000"})
     dlq = kafka_kit.new_topic("dlq", config={"max.message.bytes": "2000000"})
     kafka_kit.produce(topic, [b"a"])
-    config = make_kafka_config(topic, dlq_topic=dlq, dlq_client={"message.max.bytes": 5000})
+    config = make_kafka_config(
+        topic, dead_letter=dlq, dead_letter_client={"message.max.bytes": 5000}
+    )
     driver = open_kafka_stream(config)
 
     with caplog.at_level(logging.WARNING, logger="acklane.connectors.kafka"):
         await driver.take(1)
 
     [warning] = warnings_of(caplog)
-    assert "message.max.bytes of the DLQ producer (dlq_client) is 5000 bytes" in warning
+    assert (
+        "message.max.bytes of the dead-letter producer (dead_letter_client) is 5000 bytes"
+        in warning
+    )
 
 
-async def test_dlq_topic_large_enough_starts_without_a_warning(
+async def test_a_dead_letter_topic_large_enough_starts_without_a_warning(
     kafka_kit: KafkaKit,
     make_kafka_config: MakeConfig,
     open_kafka_stream: OpenStream,
@@ -144,7 +145,7 @@ async def test_dlq_topic_large_enough_starts_without_a_warning(
     topic = kafka_kit.new_topic(config={"max.message.bytes": "1000000"})
     dlq = kafka_kit.new_topic("dlq", config={"max.message.bytes": "1000000"})
     kafka_kit.produce(topic, [b"a"])
-    driver = open_kafka_stream(make_kafka_config(topic, dlq_topic=dlq))
+    driver = open_kafka_stream(make_kafka_config(topic, dead_letter=dlq))
 
     with caplog.at_level(logging.WARNING, logger="acklane.connectors.kafka"):
         await driver.take(1)
@@ -160,7 +161,9 @@ async def test_a_copy_the_dlq_producer_refuses_fails_the_group_naming_record_siz
 ) -> None:
     topic, dlq = kafka_kit.new_topic(), kafka_kit.new_topic("dlq")
     kafka_kit.produce(topic, [b"y" * 5000], key=b"k")
-    config = make_kafka_config(topic, dlq_topic=dlq, dlq_client={"message.max.bytes": 1000})
+    config = make_kafka_config(
+        topic, dead_letter=dlq, dead_letter_client={"message.max.bytes": 1000}
+    )
     driver = open_kafka_stream(config)
 
     [(raw, delivery)] = await driver.take(1)
@@ -173,7 +176,7 @@ async def test_a_copy_the_dlq_producer_refuses_fails_the_group_naming_record_siz
     assert 5001 < size < 5001 + DLQ_ADDED_MAX_BYTES  # value, key and headers
     assert "message.max.bytes of 1000 bytes" in text
     assert f"max.message.bytes on the DLQ topic {dlq!r}" in text
-    assert "message.max.bytes in dlq_client" in text
+    assert "message.max.bytes in dead_letter_client" in text
     assert driver.producer.stats.dead_letter_refused == 1
     assert driver.producer.counters()["dead_letter_refused"] == 1  # the metrics read these
     assert driver.producer.stats.dead_lettered == 0
@@ -248,7 +251,7 @@ def test_a_copy_the_broker_refuses_fails_the_group_naming_the_topic_limit_and_co
 
     monkeypatch.setattr(kafka_producer, "Producer", producer)
     config = KafkaConfig(
-        bootstrap_servers="127.0.0.1:9", topics=["orders"], group_id="g", dlq_topic="orders.dlq"
+        bootstrap_servers="127.0.0.1:9", topics=["orders"], group_id="g", dead_letter="orders.dlq"
     )
     kafka = KafkaStreamProducer(config)
     kafka._consumer = consumer = StandInConsumer()

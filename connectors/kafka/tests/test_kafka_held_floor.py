@@ -14,10 +14,8 @@ from confluent_kafka import TopicPartition
 
 from acklane.connectors.kafka import KafkaConfig, KafkaDelivery, KafkaMessage, KafkaStreamProducer
 from acklane.connectors.kafka._producer import _Handout
-from acklane.core.producer import AdvanceItem, AdvanceOutcome
-
-CLEAN = AdvanceOutcome(1, 0)
-FAILED = AdvanceOutcome(1, 1)
+from acklane.core.producer import AdvanceItem
+from acklane.integration.testing import CLEAN, FAILED
 
 
 class Record:

@@ -18,17 +18,10 @@ import pytest
 from acklane.connectors.kafka import KafkaConfig
 from acklane.core.producer import AdvanceItem, AdvanceOutcome
 from acklane.integration.kafka import KafkaKit
-
-CLEAN = AdvanceOutcome(acked=1, failed=0)
-FAILED = AdvanceOutcome(acked=1, failed=1)
-UNCLAIMED = AdvanceOutcome(acked=0, failed=0, rejected=0)
+from acklane.integration.testing import CLEAN, FAILED, UNCLAIMED, rejected
 
 MakeConfig = Callable[..., KafkaConfig]
 OpenStream = Callable[[KafkaConfig], Any]
-
-
-def rejected(*reasons: str) -> AdvanceOutcome:
-    return AdvanceOutcome(acked=1, failed=0, rejected=1, reject_reasons=reasons)
 
 
 def items(pairs: list[Any], *outcomes: AdvanceOutcome) -> list[AdvanceItem]:
@@ -110,7 +103,7 @@ async def test_rejected_record_goes_to_the_dlq_with_origin_and_reason_headers_an
     dlq = kafka_kit.new_topic("dlq")
     kafka_kit.produce(topic, [b"good"])
     kafka_kit.produce(topic, [b"bad"], key=b"k1", headers=[("trace", b"t-1")])
-    config = make_kafka_config(topic, dlq_topic=dlq)
+    config = make_kafka_config(topic, dead_letter=dlq)
     driver = open_kafka_stream(config)
 
     got = await driver.take(2)
@@ -152,7 +145,7 @@ async def test_a_failed_record_wins_over_a_rejection_of_the_same_record(
     topic = kafka_kit.new_topic()
     dlq = kafka_kit.new_topic("dlq")
     kafka_kit.produce(topic, [b"a"])
-    config = make_kafka_config(topic, dlq_topic=dlq)
+    config = make_kafka_config(topic, dead_letter=dlq)
     driver = open_kafka_stream(config)
 
     got = await driver.take(1)
@@ -294,7 +287,7 @@ async def test_a_rejected_record_over_librdkafkas_default_size_still_reaches_the
     )
     source.produce(topic, value=big, key=b"k")
     assert source.flush(10) == 0
-    config = make_kafka_config(topic, dlq_topic=dlq)
+    config = make_kafka_config(topic, dead_letter=dlq)
     driver = open_kafka_stream(config)
 
     got = await driver.take(1)
@@ -313,7 +306,9 @@ async def test_a_dlq_copy_the_producer_refuses_fails_the_advance_naming_the_reco
     topic = kafka_kit.new_topic()
     dlq = kafka_kit.new_topic("dlq")
     kafka_kit.produce(topic, [b"ok", b"y" * 5000])
-    config = make_kafka_config(topic, dlq_topic=dlq, dlq_client={"message.max.bytes": 1000})
+    config = make_kafka_config(
+        topic, dead_letter=dlq, dead_letter_client={"message.max.bytes": 1000}
+    )
     driver = open_kafka_stream(config)
 
     got = await driver.take(2)

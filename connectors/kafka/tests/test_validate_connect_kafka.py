@@ -33,7 +33,7 @@ def test_a_reachable_cluster_with_its_topics(tmp_path: Path, kafka_kit: KafkaKit
     code, document = _validate(
         tmp_path,
         f"bootstrap_servers: {kafka_kit.bootstrap_servers}\ntopics: [{topic}]\n"
-        f"group_id: g\ndlq_topic: {dlq}\n",
+        f"group_id: g\ndead_letter: {dlq}\n",
         "--connect",
     )
     assert code == 0, document
@@ -48,13 +48,13 @@ def test_a_missing_topic_is_named_with_its_field(tmp_path: Path, kafka_kit: Kafk
     code, document = _validate(
         tmp_path,
         f"bootstrap_servers: {kafka_kit.bootstrap_servers}\ntopics: [{topic}]\n"
-        "group_id: g\ndlq_topic: no-such-dlq-topic\n",
+        "group_id: g\ndead_letter: no-such-dlq-topic\n",
         "--connect",
     )
     assert code == 3, document
     check = _stream_check(document)
     assert check["status"] == "failed"
-    assert "no such topic: 'no-such-dlq-topic' (dlq_topic)" in check["detail"]
+    assert "no such topic: 'no-such-dlq-topic' (dead_letter)" in check["detail"]
 
 
 def test_a_closed_port_names_bootstrap_servers(tmp_path: Path) -> None:

@@ -1,21 +1,14 @@
-"""Pub/Sub through the engine and through ``acklane run``, against acklane's emulator.
+"""Pub/Sub through the engine, against acklane's emulator.
 
-The in-process tests play the event store (every trigger event is confirmed at
-once); the last one runs two real runner processes on one subscription and
-SIGKILLs one.
+The tests play the event store (every trigger event is confirmed at once). Two
+``acklane run`` processes on one subscription, one SIGKILLed, is a rule of every
+connector: ``tests/test_conformance.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import sqlite3
-import subprocess
-import sys
-import textwrap
 from collections.abc import AsyncIterator, Sequence
-from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
@@ -137,7 +130,7 @@ async def test_a_rejected_message_reaches_the_dead_letter_topic_with_the_reason(
     [poison_id] = await kit.publish(topic, ["poison"])
     await kit.publish(topic, ["fine"])
     async with run_engine() as e:
-        e.watch("w", Rejecting(subscription=sub, dead_letter_topic=dlq, **settings))
+        e.watch("w", Rejecting(subscription=sub, dead_letter=dlq, **settings))
         await eventually(lambda: e.bodies("w") == ["fine"], "the fine one fired")
         await eventually(lambda: Watcher.producers[0].dead_lettered == 1, "dead-lettered")
     [copy] = await kit.drain(dlq_sub, expect=1)
@@ -171,95 +164,3 @@ async def test_an_advance_error_fails_the_group_and_a_restart_gets_the_message_a
         assert attempts == ([1, 1] if hold else [1, 2])
         assert Watcher.producers[-1].taken_over == (1 if hold else 0)
     assert len(Watcher.producers) == 2
-
-
-# ------------------------------------------------------------ acklane run, twice
-
-
-def write_config(path: Path, settings: dict[str, Any], subscription: str) -> Path:
-    config = path / "pipeline.yaml"
-    config.write_text(
-        textwrap.dedent(
-            f"""\
-            engine:
-              ack_timeout: 30
-              restart_backoff_initial: 0.2
-              restart_backoff_max: 1
-              shutdown_timeout: 10
-            store:
-              url: "sqlite:///{path / "events.db"}"
-            streams:
-              jobs:
-                connector: pubsub
-                subscription: "{subscription}"
-                emulator_host: "{settings["emulator_host"]}"
-                ack_deadline: 2
-                max_messages: 5
-                max_outstanding: 10
-            watchers:
-              - name: every-job
-                stream: jobs
-                asset: jobs
-                filter:
-                  emit: message
-            """
-        )
-    )
-    return config
-
-
-def stored(db: Path) -> list[tuple[str, int]]:
-    if not db.exists():
-        return []
-    with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10) as conn:
-        try:
-            return list(conn.execute("SELECT message_id, position FROM acklane_trigger_events"))
-        except sqlite3.OperationalError:
-            return []
-
-
-async def test_two_runners_share_a_subscription_and_the_survivor_of_a_sigkill_finishes(
-    tmp_path: Path, settings: dict[str, Any], kit: PubSubKit
-) -> None:
-    topic = await kit.create_topic()
-    sub = await kit.create_subscription(topic, ack_deadline=2)
-    config = write_config(tmp_path, settings, sub)
-    db, log = tmp_path / "events.db", tmp_path / "runner.log"
-    processes: list[subprocess.Popen[bytes]] = []
-    try:
-        with log.open("ab") as out:
-            for _ in range(2):
-                processes.append(
-                    subprocess.Popen(  # noqa: ASYNC220 - a runner process, not awaited
-                        [sys.executable, "-m", "acklane.core.cli", "run", str(config)],
-                        stdout=out,
-                        stderr=subprocess.STDOUT,
-                        env=dict(os.environ),
-                    )
-                )
-        ids = await kit.publish(topic, [f'{{"job": {i}}}' for i in range(60)])
-        await eventually(lambda: len(stored(db)) >= 15, "some events stored", within=40)
-        processes[0].send_signal(signal.SIGKILL)
-        processes[0].wait(timeout=10)
-        ids += await kit.publish(topic, [f'{{"job": {i}}}' for i in range(60, 80)])
-        expected = {i for i in ids}
-
-        def all_stored() -> bool:
-            return {m.rsplit("/", 1)[1].split("@")[0] for m, _ in stored(db)} == expected
-
-        try:
-            await eventually(all_stored, "every message stored once", within=60)
-        except AssertionError:
-            tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
-            raise AssertionError(f"not all stored; runner log:\n{tail}") from None
-        assert len(stored(db)) == len(ids)  # redeliveries were deduplicated
-        processes[1].send_signal(signal.SIGTERM)
-        assert processes[1].wait(timeout=20) == 0
-        # Whatever the stop left unacked comes back, and is a message already stored.
-        left = await kit.drain(sub, expect=len(ids), within=3)
-        assert {r.message.message_id for r in left} <= expected
-    finally:
-        for p in processes:
-            if p.poll() is None:
-                p.kill()
-                p.wait(timeout=5)

@@ -24,16 +24,9 @@ from acklane.core.connectors import load_connector
 from acklane.core.producer import AdvanceItem, AdvanceOutcome
 from acklane.integration.emulator import Emulator
 from acklane.integration.pubsub import PubSubKit
+from acklane.integration.testing import CLEAN, FAILED, UNCLAIMED, rejected
 
 pytestmark = pytest.mark.filterwarnings("ignore:The return_immediately flag:DeprecationWarning")
-
-CLEAN = AdvanceOutcome(acked=1, failed=0)
-FAILED = AdvanceOutcome(acked=0, failed=1)
-NOBODY = AdvanceOutcome(acked=0, failed=0)
-
-
-def rejected(reason: str = "poison pill") -> AdvanceOutcome:
-    return AdvanceOutcome(acked=0, failed=0, rejected=1, reject_reasons=(reason,))
 
 
 @pytest.fixture
@@ -86,8 +79,8 @@ def test_configuration_errors_name_the_field() -> None:
         PubSubConfig(subscription="orders")
     with pytest.raises(ValidationError, match="ack_deadline"):
         PubSubConfig(project="p", subscription="orders", ack_deadline=601)
-    with pytest.raises(ValidationError, match="max_messages"):
-        PubSubConfig(project="p", subscription="orders", max_messages=0)
+    with pytest.raises(ValidationError, match="batch_size"):
+        PubSubConfig(project="p", subscription="orders", batch_size=0)
     with pytest.raises(ValidationError, match="extra"):
         PubSubConfig(project="p", subscription="orders", queue="x")  # type: ignore[call-arg]
     with pytest.raises(ValidationError, match="subscription"):
@@ -97,12 +90,12 @@ def test_configuration_errors_name_the_field() -> None:
 
 
 def test_the_stream_key_is_project_subscription_and_endpoint() -> None:
-    a = PubSubConfig(project="p", subscription="orders", emulator_host="h:1", max_messages=5)
+    a = PubSubConfig(project="p", subscription="orders", emulator_host="h:1", batch_size=5)
     b = PubSubConfig(subscription="projects/p/subscriptions/orders", emulator_host="h:1")
     c = PubSubConfig(project="p", subscription="orders", emulator_host="h:2")
     assert a.stream_key() == b.stream_key() == ("pubsub", "p", a.subscription_path, "h:1")
     assert c.stream_key() != a.stream_key()
-    d = PubSubConfig(project="p", subscription="orders", dead_letter_topic="dlq")
+    d = PubSubConfig(project="p", subscription="orders", dead_letter="dlq")
     assert d.dead_letter_topic_path == "projects/p/topics/dlq"
 
 
@@ -116,12 +109,12 @@ async def test_a_clean_batch_is_acked_in_one_call(kit: PubSubKit, settings: dict
         message, delivery = pairs[0]
         assert isinstance(delivery, PubSubDelivery)
         assert message.attributes == {"a": "b"} and message.delivery_attempt is None
-        assert sorted(m.message_id or "" for m, _ in pairs) == sorted(ids)
+        assert sorted(m.pubsub_message_id for m, _ in pairs) == sorted(ids)
         calls = o.producer.api_calls
         await o.producer.advance([AdvanceItem(p, CLEAN) for _, p in pairs])
         await o.producer.flush()
         assert o.producer.api_calls - calls == 1  # one Acknowledge for the whole batch
-        assert o.producer.counters()["deleted"] == 20
+        assert o.producer.counters()["acked"] == 20
     await asyncio.sleep(0.1)
     assert await pull_now(kit, sub) == []
 
@@ -139,6 +132,8 @@ async def test_identity_names_topic_message_id_and_publish_time(
         assert identity is not None
         assert identity.startswith(f"pubsub:{project}/{name}/{mid}@")
         assert identity.endswith("Z") and message.publish_time is not None
+        assert message.message_id == identity  # what filters see is the identity
+        assert message.broker_message_id == message.pubsub_message_id == mid
         await o.advance((delivery, CLEAN))
 
 
@@ -168,10 +163,10 @@ async def test_an_unclaimed_message_is_not_acked(kit: PubSubKit, settings: dict[
     await kit.publish(topic, ["nobody"])
     async with Open(PubSubConfig(subscription=sub, **settings)) as o:
         [(_, delivery)] = await o.take(1)
-        await o.advance((delivery, NOBODY))
+        await o.advance((delivery, UNCLAIMED))
         [(again, delivery2)] = await o.take(1)
         assert again.text() == "nobody"
-        assert o.producer.counters()["deleted"] == 0
+        assert o.producer.counters()["acked"] == 0
         await o.advance((delivery2, CLEAN))
 
 
@@ -182,10 +177,10 @@ async def test_a_rejected_message_is_copied_to_the_dead_letter_topic_then_acked(
     sub = await kit.create_subscription(topic)
     dlq_sub = await kit.create_subscription(dlq)
     [mid] = await kit.publish(topic, ["poison"], attributes={"origin": "app"})
-    config = PubSubConfig(subscription=sub, dead_letter_topic=dlq, **settings)
+    config = PubSubConfig(subscription=sub, dead_letter=dlq, **settings)
     async with Open(config) as o:
         [(_, delivery)] = await o.take(1)
-        await o.advance((delivery, rejected()))
+        await o.advance((delivery, rejected("poison pill")))
         assert o.producer.counters()["dead_lettered"] == 1
     [copy] = await kit.drain(dlq_sub, expect=1)
     attributes = dict(copy.message.attributes)
@@ -210,7 +205,7 @@ async def test_rejected_without_a_topic_is_nacked_for_the_dead_letter_policy(
         for attempt in (1, 2):
             [(message, delivery)] = await o.take(1)
             assert message.delivery_attempt == attempt
-            await o.advance((delivery, rejected()))
+            await o.advance((delivery, rejected("poison pill")))
         [copy] = await kit.drain(dead_sub, expect=1)
         assert copy.message.attributes["CloudPubSubDeadLetterSourceDeliveryCount"] == "2"
         assert o.producer.counters()["dropped"] == 0
@@ -224,7 +219,7 @@ async def test_rejected_with_no_dead_letter_destination_is_acked_and_counted_dro
     await kit.publish(topic, ["poison"])
     async with Open(PubSubConfig(subscription=sub, **settings)) as o:
         [(_, delivery)] = await o.take(1)
-        await o.advance((delivery, rejected()))
+        await o.advance((delivery, rejected("poison pill")))
         assert o.producer.counters()["dropped"] == 1
     assert await pull_now(kit, sub) == []
 
@@ -266,11 +261,11 @@ async def test_messages_of_a_key_delivered_with_a_failed_one_are_not_acked_past_
         await o.advance((pairs[0][1], FAILED), (pairs[1][1], CLEAN))
         await o.advance((pairs[2][1], CLEAN))
         assert o.producer.counters()["held"] == 2
-        assert o.producer.counters()["deleted"] == 0
+        assert o.producer.counters()["acked"] == 0
         again = await o.take(3)
         assert sorted(m.text() for m, _ in again) == ["k1", "k2", "k3"]
         await o.advance(*[(d, CLEAN) for _, d in again])  # pulled after the nack: acked
-        assert o.producer.counters()["deleted"] == 3
+        assert o.producer.counters()["acked"] == 3
 
 
 async def test_flow_control_bounds_what_is_outstanding(
@@ -279,7 +274,7 @@ async def test_flow_control_bounds_what_is_outstanding(
     topic = await kit.create_topic()
     sub = await kit.create_subscription(topic)
     await kit.publish(topic, [f"m{i}" for i in range(10)])
-    config = PubSubConfig(subscription=sub, max_outstanding=4, max_messages=3, **settings)
+    config = PubSubConfig(subscription=sub, max_outstanding=4, batch_size=3, **settings)
     async with Open(config) as o:
         first = await o.take(4)
         pending = asyncio.ensure_future(anext(o.stream))

@@ -1,39 +1,25 @@
-"""Service Bus through acklane's engine and runner, the official SDK against acklane's emulator.
+"""Service Bus through acklane's engine, the official SDK against acklane's emulator.
 
-The in-process engine tests play the event store (every trigger event is confirmed
-at once, unless a test holds some back); the runner tests run ``acklane run``'s
-Runner in this process, or as real subprocesses with a YAML configuration and a
-SQLite event store, one of them SIGKILLed.
+The engine tests play the event store (every trigger event is confirmed at once,
+unless a test holds some back). The rules every connector keeps (an advance error
+fails the group and the restart redelivers; two ``acklane run`` processes and a
+SIGKILL lose nothing) are tested on Service Bus with the others, in
+``tests/test_conformance.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
-import os
-import signal
-import sqlite3
-import subprocess
-import sys
-import textwrap
-from collections.abc import AsyncIterator, Hashable, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator
 from typing import Any, ClassVar
 
 import pytest
-from azure.servicebus.aio import ServiceBusReceiver
-from azure.servicebus.exceptions import ServiceBusError
 
 from acklane.connectors.servicebus import (
-    ServiceBusRecord,
+    ServiceBusMessage,
+    ServiceBusMessageTrigger,
     ServiceBusStreamProducer,
-    ServiceBusTrigger,
 )
-from acklane.core.config import parse_config
-from acklane.core.errors import AdvanceError
-from acklane.core.events import EventStore
-from acklane.core.pipeline.runner import Runner, RunObserver
 from acklane.core.trigger import AckTimeout, TriggerEvent, reject_shared_stream_event
 from acklane.integration.emulator import Emulator
 from acklane.integration.servicebus import ServiceBusEmulator, ServiceBusKit
@@ -42,7 +28,7 @@ from acklane.integration.testing import EngineDriver, eventually, run_engine
 # ------------------------------------------------------------------------ watchers
 
 
-class Watcher(ServiceBusTrigger):
+class Watcher(ServiceBusMessageTrigger):
     """One trigger event per message; remembers the producers the engine made."""
 
     producers: ClassVar[list[ServiceBusStreamProducer]] = []
@@ -59,11 +45,11 @@ class Watcher(ServiceBusTrigger):
             if self.accepts(record):
                 yield TriggerEvent(payload(record))
 
-    def accepts(self, record: ServiceBusRecord) -> bool:
+    def accepts(self, record: ServiceBusMessage) -> bool:
         return True
 
 
-def payload(record: ServiceBusRecord) -> dict[str, Any]:
+def payload(record: ServiceBusMessage) -> dict[str, Any]:
     return {
         "body": record.text(),
         "session": record.session_id,
@@ -75,7 +61,7 @@ def payload(record: ServiceBusRecord) -> dict[str, Any]:
 class Rejecting(Watcher):
     """Rejects the message whose body is ``poison``, with a reason."""
 
-    def accepts(self, record: ServiceBusRecord) -> bool:
+    def accepts(self, record: ServiceBusMessage) -> bool:
         if record.text() == "poison":
             reject_shared_stream_event("poison pill: not an order")
             return False
@@ -227,175 +213,3 @@ async def test_a_failed_message_holds_its_session_behind_it_while_other_sessions
     assert [p["delivery_count"] for p in again] == [1, 1, 1]
     assert producer.abandoned == 3
     assert bus.counts(queue)["messages"] == 0
-
-
-# ------------------------------------------------------------------ the runner
-
-
-def pipeline_yaml(db: Path, queue: str) -> str:
-    """One Service Bus stream, one watcher storing ``{"id": body.id}``; the
-    connection string comes from the environment (``SB_CONNECTION``)."""
-    return textwrap.dedent(
-        f"""\
-        engine:
-          ack_timeout: 30
-          restart_backoff_initial: 0.1
-          restart_backoff_max: 0.5
-          shutdown_timeout: 10
-        store:
-          url: "sqlite:///{db}"
-        streams:
-          jobs:
-            connector: servicebus
-            connection_string: "${{SB_CONNECTION}}"
-            queue: "{queue}"
-            max_wait_time: 1
-            max_batch: 10
-            prefetch: 10
-        watchers:
-          - name: every-job
-            stream: jobs
-            filter:
-              emit: {{id: body.id}}
-        """
-    )
-
-
-def exists(path: Path) -> bool:
-    return path.exists()
-
-
-async def stored_ids(db: Path) -> list[Any]:
-    if not exists(db):
-        return []
-    async with EventStore(f"sqlite:///{db}") as store:
-        return [e.payload["id"] for e in await store.list_events(limit=100_000)]
-
-
-class Restarts(RunObserver):
-    def __init__(self) -> None:
-        self.errors: list[BaseException] = []
-
-    def cohort_failed(self, key: Hashable, error: BaseException, delay: float) -> None:
-        self.errors.append(error)
-
-
-async def test_an_advance_error_fails_the_group_and_the_runner_restarts_it_losing_nothing(
-    tmp_path: Path,
-    bus: ServiceBusEmulator,
-    kit: ServiceBusKit,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    queue = bus.create_queue(lock_duration=2)
-    kit.send(queue, [json.dumps({"id": i}) for i in range(20)])
-    complete = ServiceBusReceiver.complete_message
-    failures: list[Any] = []
-
-    async def complete_failing_once(self: ServiceBusReceiver, message: Any) -> None:
-        if not failures:
-            failures.append(message)
-            raise ServiceBusError("the broker said no")
-        await complete(self, message)
-
-    monkeypatch.setattr(ServiceBusReceiver, "complete_message", complete_failing_once)
-    db = tmp_path / "events.db"
-    config = parse_config(
-        pipeline_yaml(db, queue),
-        source="pipeline.yaml",
-        env={"SB_CONNECTION": bus.connection_string},
-    )
-    restarts = Restarts()
-    runner = Runner(config, observer=restarts, handle_signals=False)
-    task = asyncio.create_task(runner.run())
-    try:
-
-        async def done() -> bool:
-            assert not task.done(), task
-            counts = bus.counts(queue)
-            return (counts["messages"], counts["locked"]) == (0, 0) and len(
-                set(await stored_ids(db))
-            ) == 20
-
-        await eventually(done, "every message stored and completed", within=40)
-    finally:
-        runner.request_stop()
-        await asyncio.wait_for(task, 30)
-    assert len(failures) == 1
-    assert [type(e) for e in restarts.errors] == [AdvanceError]
-    assert "the broker said no" in str(restarts.errors[0])
-    ids = await stored_ids(db)
-    assert sorted(ids) == list(range(20))  # each stored once: the redelivery was deduplicated
-    assert bus.counts(queue)["dead_letter"] == 0
-
-
-def stored_rows(db: Path) -> list[tuple[str, str]]:
-    """``(message_id, payload)`` of every stored event, read without blocking a writer."""
-    if not db.exists():
-        return []
-    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)) as conn:
-        try:
-            return list(conn.execute("SELECT message_id, payload FROM acklane_trigger_events"))
-        except sqlite3.OperationalError:  # not created yet
-            return []
-
-
-@pytest.fixture
-def processes() -> Iterator[list[subprocess.Popen[bytes]]]:
-    started: list[subprocess.Popen[bytes]] = []
-    yield started
-    for p in started:
-        if p.poll() is None:
-            p.kill()
-            p.wait(timeout=10)
-
-
-async def test_two_runner_processes_share_a_queue_and_the_survivor_of_a_sigkill_finishes(
-    tmp_path: Path,
-    bus: ServiceBusEmulator,
-    kit: ServiceBusKit,
-    processes: list[subprocess.Popen[bytes]],
-) -> None:
-    queue = bus.create_queue(lock_duration=2)  # what the kill left locked comes back soon
-    db, log = tmp_path / "events.db", tmp_path / "runners.log"
-    config = tmp_path / "pipeline.yaml"
-    config.write_text(pipeline_yaml(db, queue))
-    env = {**os.environ, "SB_CONNECTION": bus.connection_string}
-    with log.open("ab") as out:
-        for _ in range(2):
-            processes.append(
-                subprocess.Popen(  # noqa: ASYNC220 - runner processes, not awaited
-                    [sys.executable, "-m", "acklane.core.cli", "run", str(config)],
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    env=env,
-                )
-            )
-    kit.send(queue, [json.dumps({"id": i}) for i in range(60)])
-
-    def ids() -> list[int]:
-        return [json.loads(p)["id"] for _, p in stored_rows(db)]
-
-    def tail() -> str:
-        return "\n".join(log.read_text(errors="replace").splitlines()[-40:])
-
-    try:
-        await eventually(lambda: len(ids()) >= 15, "some events stored", within=40)
-        processes[0].send_signal(signal.SIGKILL)  # mid-stream: messages locked, unsettled
-        processes[0].wait(timeout=10)
-        kit.send(queue, [json.dumps({"id": i}) for i in range(60, 80)])
-
-        def finished() -> bool:
-            counts = bus.counts(queue)
-            return set(ids()) == set(range(80)) and (counts["messages"], counts["locked"]) == (
-                0,
-                0,
-            )
-
-        await eventually(finished, "the survivor stored and completed every message", 60)
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}\nrunner log:\n{tail()}") from None
-    assert sorted(ids()) == list(range(80))  # one event each: redeliveries deduplicated
-    processes[1].send_signal(signal.SIGTERM)
-    assert processes[1].wait(timeout=30) == 0, tail()
-    assert bus.counts(queue)["dead_letter"] == 0

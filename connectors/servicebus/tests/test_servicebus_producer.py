@@ -14,17 +14,10 @@ from acklane.connectors.servicebus import (
     ServiceBusStreamProducer,
 )
 from acklane.core.connectors import load_connector
-from acklane.core.producer import AdvanceItem, AdvanceOutcome
+from acklane.core.producer import AdvanceItem
 from acklane.integration.emulator import Emulator
 from acklane.integration.servicebus import ServiceBusEmulator, ServiceBusKit
-
-CLEAN = AdvanceOutcome(acked=1, failed=0)
-FAILED = AdvanceOutcome(acked=0, failed=1)
-NOBODY = AdvanceOutcome(acked=0, failed=0)
-
-
-def rejected(reason: str) -> AdvanceOutcome:
-    return AdvanceOutcome(acked=0, failed=0, rejected=1, reject_reasons=(reason,))
+from acklane.integration.testing import CLEAN, FAILED, UNCLAIMED, rejected
 
 
 @pytest.fixture
@@ -72,7 +65,7 @@ async def test_clean_completed_rejected_dead_lettered_with_reason(
     assert copy.dead_letter_reason == "not JSON"
     assert copy.dead_letter_error_description == "not JSON"
     assert producer.counters()["dead_lettered"] == 1
-    assert producer.counters()["deleted"] == 2
+    assert producer.counters()["completed"] == 2
 
 
 async def test_failed_abandoned_redelivered_with_count_plus_one_lock_renewed_meanwhile(
@@ -80,7 +73,7 @@ async def test_failed_abandoned_redelivered_with_count_plus_one_lock_renewed_mea
 ) -> None:
     queue = bus.create_queue(lock_duration=2)
     kit.send(queue, [b"m"])
-    producer = ServiceBusStreamProducer(config(bus, queue, renew_interval=0.3))
+    producer = ServiceBusStreamProducer(config(bus, queue, heartbeat={"interval": 0.3}))
     stream = producer.open_stream()
     try:
         [(record, delivery)] = await take(stream, 1)
@@ -109,7 +102,7 @@ async def test_unclaimed_message_abandoned_and_max_delivery_count_dead_letters(
     try:
         for _ in range(2):
             [(_, delivery)] = await take(stream, 1)
-            await producer.advance([AdvanceItem(delivery, NOBODY)])
+            await producer.advance([AdvanceItem(delivery, UNCLAIMED)])
         await asyncio.sleep(0.5)
     finally:
         await stream.aclose()
@@ -125,7 +118,7 @@ async def test_a_lost_lock_is_counted_and_the_message_redelivered(
     queue = bus.create_queue(lock_duration=1.5)
     kit.send(queue, [b"m"])
     # No renewal within the lock: it lapses while the "watcher" works.
-    producer = ServiceBusStreamProducer(config(bus, queue, renew_interval=30))
+    producer = ServiceBusStreamProducer(config(bus, queue, heartbeat={"interval": 30}))
     stream = producer.open_stream()
     try:
         [(_, delivery)] = await take(stream, 1)
@@ -321,7 +314,7 @@ async def test_one_user_of_a_receivers_connection_at_a_time_and_batches_in_a_bac
     monkeypatch.setattr(ServiceBusReceiver, "complete_message", counted("complete_message"))
     queue = bus.create_queue(lock_duration=30)
     kit.send(queue, [f"m{i}".encode() for i in range(200)])
-    producer = ServiceBusStreamProducer(config(bus, queue, prefetch=20, max_batch=20))
+    producer = ServiceBusStreamProducer(config(bus, queue, prefetch=20, batch_size=20))
     stream = producer.open_stream()
     try:
         for _ in range(20):  # the engine resolves each batch while the next comes

@@ -8,19 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 from acklane.connectors.sqs import SqsConfig, SqsDelivery, SqsMessage, SqsStreamProducer
 from acklane.core.producer import AdvanceItem, AdvanceOutcome
-from acklane.integration import testing
 
 Pulled = tuple[SqsMessage, SqsDelivery]
-
-
-def rejected(*reasons: str) -> AdvanceOutcome:
-    """The outcome of a message the watchers rejected, with their reasons."""
-    return AdvanceOutcome(acked=0, failed=0, rejected=1, reject_reasons=reasons)
 
 
 class Stream:
@@ -59,10 +53,3 @@ async def open_stream(
         yield stream
     finally:
         await stream.close()
-
-
-async def eventually(
-    check: Callable[[], bool | Awaitable[bool]], what: str, timeout: float = 15.0
-) -> None:
-    """:func:`acklane.integration.testing.eventually`, within 15 s by default."""
-    await testing.eventually(check, what, timeout)

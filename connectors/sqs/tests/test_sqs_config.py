@@ -41,11 +41,11 @@ def test_tuning_fields_are_not_part_of_the_key() -> None:
         {
             "queue_url": URL,
             "wait_time_seconds": 5,
-            "max_messages": 3,
+            "batch_size": 3,
             "visibility_timeout": 60,
             "redelivery_backoff": {"base": 5},
             "heartbeat": {"interval": 2},
-            "dead_letter_queue_url": "https://sqs.eu-west-1.amazonaws.com/123456789012/dlq",
+            "dead_letter": "https://sqs.eu-west-1.amazonaws.com/123456789012/dlq",
             "profile": "ops",
         }
     )
@@ -77,8 +77,8 @@ def test_explicit_region_wins_over_the_url() -> None:
     ("fields", "named"),
     [
         ({"queue_url": URL, "wait_time_seconds": 21}, "wait_time_seconds"),
-        ({"queue_url": URL, "max_messages": 11}, "max_messages"),
-        ({"queue_url": URL, "max_messages": 0}, "max_messages"),
+        ({"queue_url": URL, "batch_size": 11}, "batch_size"),
+        ({"queue_url": URL, "batch_size": 0}, "batch_size"),
         ({"queue_url": URL, "visibility_timeout": 43_201}, "visibility_timeout"),
         ({"queue_url": "sqs://nope"}, "queue_url"),
         ({"queue_name": "no spaces allowed"}, "queue_name"),

@@ -14,14 +14,13 @@ import logging
 from typing import Any
 
 import pytest
-from sqs_harness import open_stream, rejected
+from sqs_harness import open_stream
 
 from acklane.connectors.sqs import SqsAdvanceError
 from acklane.core.connectors.deadletter import REASON_MAX_BYTES, TRUNCATED_MARK
-from acklane.core.producer import AdvanceOutcome
 from acklane.integration.sqs import SqsQueues
+from acklane.integration.testing import CLEAN, rejected
 
-CLEAN = AdvanceOutcome(acked=1, failed=0)
 SMALLEST = {"MaximumMessageSize": "1024"}  # SQS's lowest allowed limit
 
 
@@ -43,7 +42,7 @@ async def test_the_reason_a_copy_carries_is_bounded(
     url = await queues.create()
     dlq = await queues.create("dlq")
     await queues.send(url, ["poison"])
-    async with open_stream(settings, queue_url=url, dead_letter_queue_url=dlq) as stream:
+    async with open_stream(settings, queue_url=url, dead_letter=dlq) as stream:
         [pulled] = await stream.pull()
         await stream.advance((pulled, rejected("x" * 5000, "y" * 5000)))
         await stream.producer.flush()
@@ -60,7 +59,7 @@ async def test_start_warns_when_the_dead_letter_queue_takes_smaller_messages(
     dlq = await queues.create("dlq", attributes=SMALLEST)
     await queues.send(url, ["x"])
     with caplog.at_level(logging.WARNING, logger="acklane.connectors.sqs"):
-        async with open_stream(settings, queue_url=url, dead_letter_queue_url=dlq) as stream:
+        async with open_stream(settings, queue_url=url, dead_letter=dlq) as stream:
             await stream.pull()
             assert stream.producer.dead_letter_max_size == 1024
             assert stream.producer.max_message_size is not None
@@ -76,7 +75,7 @@ async def test_no_size_warning_when_the_dead_letter_queue_takes_as_much(
     dlq = await queues.create("dlq")
     await queues.send(url, ["x"])
     with caplog.at_level(logging.WARNING, logger="acklane.connectors.sqs"):
-        async with open_stream(settings, queue_url=url, dead_letter_queue_url=dlq) as stream:
+        async with open_stream(settings, queue_url=url, dead_letter=dlq) as stream:
             await stream.pull()
     assert "MaximumMessageSize" not in caplog.text
 
@@ -87,7 +86,7 @@ async def test_a_copy_too_large_for_the_dead_letter_queue_is_refused_counted_and
     url = await queues.create(visibility_timeout=300)
     dlq = await queues.create("dlq", attributes=SMALLEST)
     [message_id] = await queues.send(url, ["z" * 2000])
-    async with open_stream(settings, queue_url=url, dead_letter_queue_url=dlq) as stream:
+    async with open_stream(settings, queue_url=url, dead_letter=dlq) as stream:
         [pulled] = await stream.pull()
         with (
             caplog.at_level(logging.ERROR, logger="acklane.connectors.sqs"),
@@ -115,7 +114,7 @@ async def test_sqs_refusing_a_copy_for_its_size_is_reported_even_when_the_limit_
     dlq = await queues.create("dlq", attributes=SMALLEST)
     await queues.send(url, ["small"])
     [big_id] = await queues.send(url, ["z" * 2000])
-    async with open_stream(settings, queue_url=url, dead_letter_queue_url=dlq) as stream:
+    async with open_stream(settings, queue_url=url, dead_letter=dlq) as stream:
         small, big = await stream.pull(2)
         assert small[0].text() == "small"
         stream.producer.dead_letter_max_size = None  # as if its attributes were unreadable
@@ -139,7 +138,7 @@ async def test_the_reason_is_cut_to_fit_a_dead_letter_queue_just_large_enough(
     url = await queues.create()
     dlq = await queues.create("dlq", attributes=SMALLEST)
     await queues.send(url, ["b" * 700])
-    async with open_stream(settings, queue_url=url, dead_letter_queue_url=dlq) as stream:
+    async with open_stream(settings, queue_url=url, dead_letter=dlq) as stream:
         [pulled] = await stream.pull()
         await stream.advance((pulled, rejected("r" * 900)))
         await stream.producer.flush()
@@ -156,7 +155,7 @@ async def test_a_refused_reject_on_a_fifo_queue_brings_its_group_back_in_order(
     url = await queues.create(fifo=True, visibility_timeout=300)
     dlq = await queues.create("dlq", fifo=True, attributes=SMALLEST)
     await queues.send(url, ["z" * 2000, "after"], group_id="G")
-    async with open_stream(settings, queue_url=url, dead_letter_queue_url=dlq) as stream:
+    async with open_stream(settings, queue_url=url, dead_letter=dlq) as stream:
         big, after = await stream.pull(2)
         with pytest.raises(SqsAdvanceError, match="MaximumMessageSize"):
             await stream.advance((big, rejected("bad")), (after, CLEAN))

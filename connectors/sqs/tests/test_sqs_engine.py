@@ -115,7 +115,7 @@ async def test_rejected_message_reaches_the_dead_letter_queue_with_the_watchers_
     [poison_id] = await queues.send(url, ["poison"])
     await queues.send(url, ["fine"])
     async with run_engine() as e:
-        e.watch("w", Rejecting(queue_url=url, dead_letter_queue_url=dlq, **settings))
+        e.watch("w", Rejecting(queue_url=url, dead_letter=dlq, **settings))
         await eventually(lambda: e.bodies("w") == ["fine"], "the fine one fired")
         await eventually(lambda: Watcher.producers[0].dead_lettered == 1, "dead-lettered")
     [copy] = await queues.receive(dlq)
@@ -133,7 +133,7 @@ async def test_fifo_group_held_unresolved_does_not_block_other_groups(
     await queues.send(url, [f"f{i}" for i in range(3)], group_id="free")
     async with run_engine() as e:
         e.hold = in_group("held")
-        e.watch("w", Watcher(queue_url=url, max_messages=1, **settings))
+        e.watch("w", Watcher(queue_url=url, batch_size=1, **settings))
         # h1 stays unresolved (its trigger event not yet persisted): SQS holds back h2,
         # while the other group's lane advances and SQS keeps delivering it.
         await eventually(lambda: e.bodies("w") == ["h1", "f0", "f1", "f2"], "free flowed")

@@ -17,14 +17,12 @@ from typing import Any
 
 import aioboto3
 import pytest
-from sqs_harness import Stream, eventually, open_stream
+from sqs_harness import Stream, open_stream
 
 from acklane.connectors.sqs import SqsConfig, SqsConnectorError, SqsStreamProducer
-from acklane.core.producer import AdvanceItem, AdvanceOutcome
+from acklane.core.producer import AdvanceItem
 from acklane.integration.sqs import SqsQueues
-
-CLEAN = AdvanceOutcome(acked=1, failed=0)
-FAILED = AdvanceOutcome(acked=0, failed=1)
+from acklane.integration.testing import CLEAN, FAILED, eventually
 
 
 async def receive_counts(queues: SqsQueues, url: str) -> dict[str, int]:
@@ -57,7 +55,7 @@ async def test_a_new_producer_takes_over_unresolved_messages_without_a_new_recei
 
     async with open_stream(settings, queue_url=url) as second:
         again = await second.pull(3)
-        assert [m.message_id for m, _ in again] == ids == [m.message_id for m, _ in pulled]
+        assert [m.sqs_message_id for m, _ in again] == ids == [m.sqs_message_id for m, _ in pulled]
         assert [m.receive_count for m, _ in again] == [1, 1, 1]  # unchanged
         assert second.producer.taken_over == 3
         assert second.producer.api_calls["ReceiveMessage"] == 0  # yielded before receiving

@@ -12,7 +12,7 @@ import logging
 from typing import Any
 
 import pytest
-from sqs_harness import eventually, open_stream, rejected
+from sqs_harness import open_stream
 
 from acklane.connectors.sqs import (
     PACKED_ATTRIBUTES,
@@ -22,10 +22,7 @@ from acklane.connectors.sqs import (
 )
 from acklane.core.producer import AdvanceItem, AdvanceOutcome
 from acklane.integration.sqs import SqsQueues
-
-CLEAN = AdvanceOutcome(acked=1, failed=0)
-FAILED = AdvanceOutcome(acked=0, failed=1)
-UNCLAIMED = AdvanceOutcome(acked=0, failed=0)
+from acklane.integration.testing import CLEAN, FAILED, UNCLAIMED, eventually, rejected
 
 
 async def is_empty(queues: SqsQueues, url: str) -> bool:
@@ -42,10 +39,10 @@ async def test_raw_event_exposes_body_attributes_receive_count_and_message_id(
     [message_id] = await queues.send(url, ['{"n": 1}'], attributes={"kind": "order"})
     async with open_stream(settings, queue_url=url) as stream:
         [(message, delivery)] = await stream.pull()
-        assert message.message_id == message_id
-        # the event store's identity: the queue's ARN, then the MessageId
+        assert message.broker_message_id == message.sqs_message_id == message_id
+        # the identity filters see is the event store's: the queue's ARN, then the MessageId
         arn = await queues.arn(url)
-        assert stream.producer.message_id(delivery) == f"{arn}/{message_id}"
+        assert message.message_id == stream.producer.message_id(delivery) == f"{arn}/{message_id}"
         assert message.json() == {"n": 1}
         assert message.attributes == {"kind": "order"}
         assert message.delivery_attempt == message.receive_count == 1
@@ -148,7 +145,7 @@ async def test_rejected_item_lands_in_the_configured_dead_letter_queue(
     url = await queues.create()
     dlq = await queues.create("dlq")
     [message_id] = await queues.send(url, ["poison"], attributes={"kind": "order"})
-    async with open_stream(settings, queue_url=url, dead_letter_queue_url=dlq) as stream:
+    async with open_stream(settings, queue_url=url, dead_letter=dlq) as stream:
         [pulled] = await stream.pull()
         await stream.advance((pulled, rejected("schema: missing id", "not for us")))
         await stream.settle()
@@ -194,7 +191,7 @@ async def test_dead_letter_copy_packs_original_attributes_beyond_sqs_limit(
     dlq = await queues.create("dlq")
     many = {f"a{i}": str(i) for i in range(9)}
     await queues.send(url, ["poison"], attributes=many)
-    async with open_stream(settings, queue_url=url, dead_letter_queue_url=dlq) as stream:
+    async with open_stream(settings, queue_url=url, dead_letter=dlq) as stream:
         [pulled] = await stream.pull()
         await stream.advance((pulled, rejected("bad")))
         await stream.settle()
@@ -225,7 +222,7 @@ async def test_failure_wins_over_reject_in_the_same_outcome(
     url = await queues.create(visibility_timeout=300)
     dlq = await queues.create("dlq")
     await queues.send(url, ["half rejected"])
-    async with open_stream(settings, queue_url=url, dead_letter_queue_url=dlq) as stream:
+    async with open_stream(settings, queue_url=url, dead_letter=dlq) as stream:
         [pulled] = await stream.pull()
         await stream.advance((pulled, AdvanceOutcome(acked=0, failed=1, rejected=1)))
         await stream.settle()
@@ -319,7 +316,7 @@ async def test_fifo_lanes_keep_order_per_group_and_a_held_group_does_not_block_o
     url = await queues.create(fifo=True)
     await queues.send(url, ["a1", "a2"], group_id="A")
     await queues.send(url, ["b1", "b2", "b3"], group_id="B")
-    async with open_stream(settings, queue_url=url, max_messages=1) as stream:
+    async with open_stream(settings, queue_url=url, batch_size=1) as stream:
         lane = stream.producer.get_advance_lane
         [a1] = await stream.pull()
         assert (a1[0].text(), lane(a1[1])) == ("a1", "A")
@@ -356,7 +353,7 @@ async def test_fifo_rejected_item_keeps_its_group_in_a_fifo_dead_letter_queue(
     url = await queues.create(fifo=True)
     dlq = await queues.create("dlq", fifo=True)
     await queues.send(url, ["poison"], group_id="G")
-    async with open_stream(settings, queue_url=url, dead_letter_queue_url=dlq) as stream:
+    async with open_stream(settings, queue_url=url, dead_letter=dlq) as stream:
         [pulled] = await stream.pull()
         await stream.advance((pulled, rejected("bad")))
         await stream.settle()

@@ -46,7 +46,7 @@ def write_config(path: Path, settings: dict[str, Any], queue_url: str) -> Path:
                 aws_access_key_id: "${{TEST_SQS_KEY_ID}}"
                 aws_secret_access_key: "${{TEST_SQS_SECRET}}"
                 wait_time_seconds: 1
-                max_messages: 5
+                batch_size: 5
             watchers:
               - name: every-job
                 stream: jobs

@@ -18,9 +18,9 @@ from acklane.core.producer import AdvanceItem, SharedStreamProducer
 
 pytestmark = pytest.mark.airflow
 
-KAFKA = {"topics": ["orders", "audit"], "group_id": "g1", "dlq_topic": "orders-dlq"}
+KAFKA = {"topics": ["orders", "audit"], "group_id": "g1", "dead_letter": "orders-dlq"}
 SQS = {"queue_url": "http://127.0.0.1:5000/123456789012/orders", "wait_time_seconds": 1}
-PUBSUB = {"project": "p1", "subscription": "orders-sub", "dead_letter_topic": "orders-dlq"}
+PUBSUB = {"project": "p1", "subscription": "orders-sub", "dead_letter": "orders-dlq"}
 SERVICEBUS = {"queue": "orders", "max_wait_time": 1}
 FILTER = {
     "match": {"body.type": "order"},
@@ -191,7 +191,7 @@ def test_a_kafka_connection_gives_servers_group_and_credentials(aa: SimpleNamesp
         },
     )
     fields = aa.Kafka.connection_fields(conn, conn.extra_dejson)
-    config = aa.Kafka.config_of({"topics": ["orders"], "dlq_topic": "dlq"}, fields)
+    config = aa.Kafka.config_of({"topics": ["orders"], "dead_letter": "dlq"}, fields)
     assert config.bootstrap_servers == "k1:9092,k2:9092" and config.group_id == "from-conn"
     assert config.sasl_password.get_secret_value() == "s3cret-pass"
     assert config.client == {"enable.auto.commit": "false", "fetch.wait.max.ms": 50}
@@ -320,9 +320,9 @@ async def test_a_trigger_joining_a_poll_built_with_other_settings_is_refused(
     try:
         same = aa.Kafka(conn_id="c", **KAFKA, filter=FILTER)
         same._check_group_settings(key, raw)  # filters may differ
-        other = aa.Kafka(conn_id="c", **{**KAFKA, "dlq_topic": "elsewhere"})
+        other = aa.Kafka(conn_id="c", **{**KAFKA, "dead_letter": "elsewhere"})
         assert other.shared_stream_key() == key
-        with pytest.raises(aa.Error, match=r"other settings \(dlq_topic\)"):
+        with pytest.raises(aa.Error, match=r"other settings \(dead_letter\)"):
             other._check_group_settings(key, raw)
     finally:
         await producer.aclose()
@@ -364,7 +364,7 @@ async def test_the_kafka_trigger_runs_under_both_managers_with_reasons_and_commi
         "bootstrap_servers": kafka_kit.bootstrap_servers,
         "topics": [topic],
         "group_id": group,
-        "dlq_topic": dlq,
+        "dead_letter": dlq,
         "poll_timeout": 0.05,
         "client": dict(kafka_kit.FAST_GROUP),
     }

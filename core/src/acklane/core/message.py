@@ -21,6 +21,12 @@ class BodyDecodeError(AcklaneError, ValueError):
 class RawMessage:
     """One upstream message, as every connector presents it to filters.
 
+    ``message_id`` is the message's identity, the one the event store drops
+    duplicates by, on every broker (the producer's ``message_id()``: see
+    ``docs/connectors/README.md``); ``None`` when the broker gives no stable one.
+    ``broker_message_id`` is the id the broker itself gave the message, where it gives
+    one (SQS's and Service Bus's ``MessageId``, Pub/Sub's message id; ``None`` on
+    Kafka and the memory broker, whose messages are named by their position).
     ``native`` is the broker SDK's own message object for those who need more.
     Connectors may subclass to add broker fields (Kafka partition/offset, ...).
     """
@@ -33,6 +39,7 @@ class RawMessage:
     delivery_attempt: int | None = None
     source: str | None = None
     native: Any = field(default=None, repr=False, compare=False)
+    broker_message_id: str | None = None
 
     def text(self) -> str:
         """The body decoded as UTF-8."""

@@ -5,15 +5,22 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, Generic, NamedTuple
+
+from typing_extensions import TypeVar
 
 __all__ = [
     "AdvanceItem",
     "AdvanceOutcome",
     "LaneBatch",
+    "PayloadT",
     "SharedStreamProducer",
     "reject_reasons_of",
 ]
+
+#: A producer's broker payload: what it hands out beside each raw event and gets back
+#: in :class:`AdvanceItem` (a bare ``SharedStreamProducer`` is one of ``Any``).
+PayloadT = TypeVar("PayloadT", default=Any)
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,10 +52,10 @@ def reject_reasons_of(outcome: object) -> tuple[str, ...]:
     return reasons
 
 
-class AdvanceItem(NamedTuple):
+class AdvanceItem(NamedTuple, Generic[PayloadT]):
     """One resolved event handed back to the producer, in fan-out order."""
 
-    broker_payload: Any
+    broker_payload: PayloadT
     outcome: AdvanceOutcome
 
 
@@ -71,21 +78,25 @@ class LaneBatch(NamedTuple):
     pairs: Iterable[tuple[Any, Any]]
 
 
-class SharedStreamProducer(ABC):
+class SharedStreamProducer(ABC, Generic[PayloadT]):
     """Owns one group's broker connection for the life of its poll.
 
     The connection must be opened lazily inside :meth:`open_stream`, never in
     ``__init__``: the factory may run in a context where connecting is wrong.
+
+    Generic in its broker payload (``SharedStreamProducer[SqsDelivery]``): the
+    payload it yields is the one :meth:`advance`, :meth:`get_advance_lane` and
+    :meth:`message_id` get back, typed, with no cast.
     """
 
     @abstractmethod
-    def open_stream(self) -> AsyncIterator[tuple[Any, Any]]:
+    def open_stream(self) -> AsyncIterator[tuple[Any, PayloadT]]:
         """Yield ``(raw_event, broker_payload)`` forever, or raise.
 
         Returning normally is an error: the group fails with "stream ended".
         """
 
-    def open_batches(self) -> AsyncIterator[Iterable[tuple[Any, Any]] | LaneBatch] | None:
+    def open_batches(self) -> AsyncIterator[Iterable[tuple[Any, PayloadT]] | LaneBatch] | None:
         """acklane's faster form of :meth:`open_stream`: the same pairs, a batch at a time.
 
         A producer that already receives records in batches (Kafka's ``consume``) may
@@ -106,17 +117,17 @@ class SharedStreamProducer(ABC):
         return None
 
     @abstractmethod
-    async def advance(self, batch: Sequence[AdvanceItem]) -> None:
+    async def advance(self, batch: Sequence[AdvanceItem[PayloadT]]) -> None:
         """Act on the broker for a contiguous, resolved prefix of one lane.
 
         At most one call is in flight per group. Raising fails the whole group.
         """
 
-    def get_advance_lane(self, broker_payload: Any) -> Hashable:
+    def get_advance_lane(self, broker_payload: PayloadT) -> Hashable:
         """The lane of an event; events of one lane are advanced in order."""
         return None
 
-    def message_id(self, broker_payload: Any) -> str | None:
+    def message_id(self, broker_payload: PayloadT) -> str | None:
         """The broker's stable identity of the message, for dropping duplicates."""
         return None
 
@@ -141,5 +152,5 @@ class SharedStreamProducer(ABC):
         """
         return None
 
-    async def aclose(self) -> None:  # noqa: B027 - optional hook, no-op by default
+    async def aclose(self) -> None:
         """Flush and close the broker clients; called once, best-effort."""

@@ -237,7 +237,7 @@ class KafkaAdapter(BrokerAdapter):
             **self.emulator.client_settings(),
             "topics": [self.topic],
             "group_id": self.group,
-            "dlq_topic": self.dlq,
+            "dead_letter": self.dlq,
             "poll_timeout": 0.05,
             "batch_size": 8,  # several commits per chunk: more moments to kill at
             # tansu: a join takes about half of session.timeout.ms; a killed member is
@@ -316,9 +316,9 @@ class SqsAdapter(BrokerAdapter):
             "connector": "sqs",
             **self.emulator.client_settings(),  # the emulator's dummy keys
             "queue_url": self.queue,
-            "dead_letter_queue_url": self.dlq,
+            "dead_letter": self.dlq,
             "wait_time_seconds": 1,
-            "max_messages": 5,
+            "batch_size": 5,
         }
 
     def produce(self, bodies: Sequence[str]) -> None:
@@ -408,8 +408,8 @@ class PubSubAdapter(BrokerAdapter):
             "connector": "pubsub",
             **self.emulator.client_settings(),  # project, emulator_host
             "subscription": self.subscription,
-            "dead_letter_topic": self.dlq,
-            "max_messages": 8,  # several acks per chunk: more moments to kill at
+            "dead_letter": self.dlq,
+            "batch_size": 8,  # several acks per chunk: more moments to kill at
             "ack_deadline": self.deadline,
         }
 
@@ -501,7 +501,7 @@ class ServiceBusAdapter(BrokerAdapter):
             "connection_string": self.connection_string,
             "queue": self.queue,
             "max_wait_time": 1,
-            "max_batch": 10,
+            "batch_size": 10,
             "prefetch": 10,
         }
 

@@ -195,12 +195,12 @@ def _plan_from_config(broker: str, path: Path, cli_topics: list[str], plan: _Pla
                     _err.print(f"{where}: {topic} is a pattern; create its topics with --topic")
                 else:
                     plan.add_topic(topic)
-            if c.dlq_topic:
-                plan.add_topic(c.dlq_topic)
+            if c.dead_letter:
+                plan.add_topic(c.dead_letter)
             port = _local_port(c.bootstrap_servers.split(",")[0], where)
         elif broker == "sqs":
             name = c.queue_name or c.queue_url.rsplit("/", 1)[-1]
-            dlq = c.dead_letter_queue_url.rsplit("/", 1)[-1] if c.dead_letter_queue_url else None
+            dlq = c.dead_letter.rsplit("/", 1)[-1] if c.dead_letter else None
             plan.add_sqs_queue(name, dlq)
             port = urlsplit(c.endpoint_url).port if c.endpoint_url else None
             if c.endpoint_url and (urlsplit(c.endpoint_url).hostname or "") not in _LOCAL_HOSTS:

@@ -53,7 +53,7 @@ class KafkaDemoBroker(DemoBroker):
         client = ", ".join(f'"{k}": {v}' for k, v in KafkaKit.FAST_GROUP.items())
         return (
             f"{{connector: kafka, bootstrap_servers: '{self.kit.bootstrap_servers}', "
-            f"topics: [{self.topic}], group_id: {self.group}, dlq_topic: {self.dlq}, "
+            f"topics: [{self.topic}], group_id: {self.group}, dead_letter: {self.dlq}, "
             f"poll_timeout: 0.1, batch_size: 8, client: {{{client}}}}}"
         )
 

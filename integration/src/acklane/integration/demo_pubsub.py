@@ -89,7 +89,7 @@ class PubSubDemoBroker(DemoBroker):
         return (
             f"{{connector: pubsub, project: {self.project}, emulator_host: '{self.host}', "
             f"subscription: {self.subscription.rsplit('/', 1)[-1]}, "
-            f"dead_letter_topic: {self.dlq.rsplit('/', 1)[-1]}, max_messages: 8, "
+            f"dead_letter: {self.dlq.rsplit('/', 1)[-1]}, batch_size: 8, "
             "advance_linger: 0.02}"
         )
 

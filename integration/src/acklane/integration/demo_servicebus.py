@@ -71,7 +71,7 @@ class ServiceBusDemoBroker(DemoBroker):
     def stream_block(self) -> str:
         return (
             f"{{connector: servicebus, connection_string: '{self.emulator.connection_string}', "
-            f"queue: {self.queue}, prefetch: 0, max_batch: 8, max_wait_time: 0.5}}"
+            f"queue: {self.queue}, prefetch: 0, batch_size: 8, max_wait_time: 0.5}}"
         )
 
     def publish(self, bodies: list[bytes]) -> list[tuple[str, int, int]]:

@@ -17,11 +17,16 @@ starts a broker; the fixtures of :mod:`acklane.integration.pytest_plugin` do.
   in this process and pick out a stream's check.
 - :func:`run_until` runs a :class:`~acklane.core.pipeline.runner.Runner` in this process until
   a condition holds, then stops it; :func:`fired_ids` reads the ids the watchers fired.
-- :func:`eventually` waits until a condition holds, or fails the test naming it.
+- :func:`eventually` waits until a condition holds, or fails the test naming it (from
+  :mod:`acklane.core.testing`, which the engine's own tests use too).
 - :func:`run_engine` is the engine without a runner: a
   :class:`~acklane.core.manager.SharedStreamManager` whose watchers an
   :class:`EngineDriver` subscribes, playing the event store (every trigger event
   confirmed persisted at once, unless the test holds some back).
+- :class:`StreamDriver` is a producer without the engine: its stream pulled and its
+  messages advanced by the test, with the outcomes the engine hands back
+  (:data:`CLEAN`, :data:`FAILED`, :data:`UNCLAIMED`, :func:`rejected`, from
+  :mod:`acklane.core.testing`).
 """
 
 from __future__ import annotations
@@ -47,16 +52,23 @@ from acklane.core.config import AcklaneConfig, load_config
 from acklane.core.events import EventStore
 from acklane.core.manager import SharedStreamManager
 from acklane.core.pipeline.runner import Runner
+from acklane.core.producer import AdvanceItem, AdvanceOutcome, SharedStreamProducer
+from acklane.core.testing import CLEAN, FAILED, UNCLAIMED, eventually, rejected
 from acklane.core.trigger import BaseEventTrigger
 
 __all__ = [
     "BIG_ORDERS_FILTER",
+    "CLEAN",
+    "FAILED",
     "ORDERS",
+    "UNCLAIMED",
     "AcklaneRun",
     "EngineDriver",
+    "StreamDriver",
     "eventually",
     "fired_ids",
     "poison_pipeline",
+    "rejected",
     "run_engine",
     "run_until",
     "stream_check",
@@ -192,26 +204,6 @@ async def run_until(
         await task
 
 
-async def eventually(
-    check: Callable[[], bool | Awaitable[bool]], what: str, within: float = 20.0
-) -> None:
-    """Wait until ``check()`` (sync or async) holds, asking every 50 ms.
-
-    Not ``within`` seconds: AssertionError ``not within {within}s: {what}``.
-    """
-    try:
-        async with asyncio.timeout(within):
-            while True:
-                result = check()
-                if inspect.isawaitable(result):
-                    result = await result
-                if result:
-                    return
-                await asyncio.sleep(0.05)
-    except TimeoutError:
-        raise AssertionError(f"not within {within}s: {what}") from None
-
-
 class EngineDriver:
     """Watchers subscribed to a :class:`~acklane.core.manager.SharedStreamManager`, each
     a task of ``tg``, with the test playing the event store: every trigger event a
@@ -291,6 +283,65 @@ async def run_engine(
             if cancel_watchers:
                 for task in running.tasks:
                     task.cancel()
+
+
+class StreamDriver:
+    """A producer and its open stream, driven by the test as the engine drives them:
+    pairs taken, advanced with an outcome, and settled.
+
+    ``async with StreamDriver(producer) as stream``: on the way out the stream is
+    closed, then the producer (the engine's order). A pull is never cut off by a
+    timeout: the one in flight is kept for the next :meth:`take`.
+    """
+
+    def __init__(self, producer: SharedStreamProducer[Any]) -> None:
+        self.producer = producer
+        self.stream = producer.open_stream()
+        self._next: asyncio.Task[tuple[Any, Any]] | None = None
+        self._closed = False
+
+    async def take(self, n: int = 1, within: float = 20.0) -> list[tuple[Any, Any]]:
+        """The next ``n`` ``(raw, payload)`` pairs; ``TimeoutError`` when they do not come
+        within ``within`` seconds."""
+        pairs: list[tuple[Any, Any]] = []
+        async with asyncio.timeout(within):
+            while len(pairs) < n:
+                if self._next is None:
+                    self._next = asyncio.ensure_future(anext(self.stream))
+                try:
+                    pairs.append(await asyncio.shield(self._next))
+                finally:
+                    if self._next.done():
+                        self._next = None
+        return pairs
+
+    async def advance(self, *items: tuple[tuple[Any, Any], AdvanceOutcome]) -> None:
+        """Advance pairs with their outcomes (one call, as the engine makes it), then wait
+        until what the producer buffers reached the broker (its ``flush()``, if any)."""
+        await self.producer.advance([AdvanceItem(pair[1], outcome) for pair, outcome in items])
+        flush = getattr(self.producer, "flush", None)
+        if flush is not None:
+            await flush()
+
+    async def close(self) -> None:
+        """Close the stream, then the producer, once."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._next is not None:
+            self._next.cancel()
+            with contextlib.suppress(BaseException):
+                await self._next
+        try:
+            await self.stream.aclose()  # type: ignore[attr-defined]
+        finally:
+            await self.producer.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
 
 
 def validate_json(config: Path, *options: str, call_timeout: float = 5) -> tuple[int, Any]:

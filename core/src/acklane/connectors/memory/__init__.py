@@ -2,7 +2,7 @@
 
 :class:`MemoryBroker` keeps named topics of N partitions in memory (one
 process-global broker per name), consumer groups with committed offsets, and
-per-offset delivery counts. :class:`MemoryProducer` consumes it with Kafka's
+per-offset delivery counts. :class:`MemoryStreamProducer` consumes it with Kafka's
 semantics as acklane maps them (the same :class:`~acklane.core.connectors.CommitLedger`
 as the Kafka connector):
 
@@ -11,7 +11,7 @@ as the Kafka connector):
 - a failed item, or one nobody received (``acked = failed = rejected = 0``),
   holds its partition: nothing at or after it is committed, across batches,
   and the consumer is sought back to it so it comes again;
-- a rejected item is copied to ``dlq_topic`` (original key, value and headers
+- a rejected item is copied to ``dead_letter`` (original key, value and headers
   plus the ``acklane.origin.*`` and ``acklane.reject.reason`` headers of
   :mod:`acklane.core.connectors.deadletter`) before the commit passes it; with no DLQ it
   is committed past and counted as dropped.
@@ -22,18 +22,32 @@ consumed. Publishing is thread-safe; waiting consumers are woken on their own
 event loop.
 """
 
-from ._broker import MemoryBroker, MemoryConsumer, MemoryGroupStats, MemoryRecord
+from acklane.core.deprecation import old_names
+
+from ._broker import (
+    MemoryBroker,
+    MemoryCommitRefused,
+    MemoryConsumer,
+    MemoryGroupStats,
+    MemoryRecord,
+)
 from ._config import MemoryConfig
 from ._connector import MemoryConnector
-from ._producer import MemoryPayload, MemoryProducer
+from ._producer import MemoryDelivery, MemoryStreamProducer
 
 __all__ = [
     "MemoryBroker",
+    "MemoryCommitRefused",
     "MemoryConfig",
     "MemoryConnector",
     "MemoryConsumer",
+    "MemoryDelivery",
     "MemoryGroupStats",
-    "MemoryPayload",
-    "MemoryProducer",
     "MemoryRecord",
+    "MemoryStreamProducer",
 ]
+
+#: Names of earlier releases: still importable, with a DeprecationWarning.
+__getattr__ = old_names(
+    __name__, {"MemoryProducer": MemoryStreamProducer, "MemoryPayload": MemoryDelivery}
+)

@@ -14,9 +14,23 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import ClassVar
 
-__all__ = ["MemoryBroker", "MemoryConsumer", "MemoryGroupStats", "MemoryRecord", "TopicPartition"]
+from acklane.core.errors import AdvanceError
+
+__all__ = [
+    "MemoryBroker",
+    "MemoryCommitRefused",
+    "MemoryConsumer",
+    "MemoryGroupStats",
+    "MemoryRecord",
+    "TopicPartition",
+]
 
 TopicPartition = tuple[str, int]
+
+
+class MemoryCommitRefused(AdvanceError):
+    """The broker refused a commit (:meth:`MemoryBroker.refuse_commits`): nothing was
+    committed, as when a real broker answers a commit with an error."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +87,8 @@ class MemoryBroker:
         self._attempts: dict[tuple[str, str, int], dict[int, int]] = {}
         self._stats: dict[str, MemoryGroupStats] = {}
         self._consumers: set[MemoryConsumer] = set()
+        #: Commits still to refuse, by group (:meth:`refuse_commits`).
+        self._refusals: dict[str, int] = {}
 
     # -- the registry
 
@@ -198,6 +214,13 @@ class MemoryBroker:
                 len(log) - self._committed.get((group_id, topic, p), 0)
                 for p, log in enumerate(t.partitions)
             )
+
+    def refuse_commits(self, group_id: str, times: int = 1) -> None:
+        """Make the group's next ``times`` commits fail (:class:`MemoryCommitRefused`),
+        as a real broker's error would: for tests of what a failed advance does.
+        ``times=0`` clears it."""
+        with self._lock:
+            self._refusals[group_id] = times
 
     def stats(self, group_id: str) -> MemoryGroupStats:
         """A snapshot of the group's counters and committed offsets."""
@@ -328,6 +351,13 @@ class MemoryConsumer:
         """Store the group's committed offsets (the next offset to consume, per partition)."""
         broker = self.broker
         with broker._lock:
+            refusals = broker._refusals.get(self.group_id, 0)
+            if refusals > 0:
+                broker._refusals[self.group_id] = refusals - 1
+                raise MemoryCommitRefused(
+                    f"memory broker {broker.name!r}: commit of group {self.group_id!r} refused "
+                    "(refuse_commits)"
+                )
             for (topic, p), offset in offsets.items():
                 broker._committed[(self.group_id, topic, p)] = offset
                 counts = broker._attempts.get((self.group_id, topic, p))

@@ -7,7 +7,7 @@ from collections.abc import Hashable
 from acklane.core.connectors import Connector, Publisher, PublishNotSupported
 
 from ._config import MemoryConfig
-from ._producer import MemoryProducer
+from ._producer import MemoryStreamProducer
 
 __all__ = ["MemoryConnector"]
 
@@ -23,8 +23,8 @@ class MemoryConnector(Connector[MemoryConfig]):
         return (config.broker, tuple(sorted(config.topics)), config.group_id)
 
     @classmethod
-    def producer(cls, config: MemoryConfig) -> MemoryProducer:
-        return MemoryProducer(config)
+    def producer(cls, config: MemoryConfig) -> MemoryStreamProducer:
+        return MemoryStreamProducer(config)
 
     @classmethod
     def description(cls, config: MemoryConfig) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Hashable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from acklane.core.connectors import Action, CommitLedger, LedgerEntry, verdict
 from acklane.core.connectors.deadletter import REJECT_REASON, log_origin, outcome_reason
@@ -14,10 +14,10 @@ from acklane.core.producer import AdvanceItem, SharedStreamProducer
 from ._broker import MemoryBroker, MemoryConsumer, MemoryGroupStats, MemoryRecord, TopicPartition
 from ._config import MemoryConfig
 
-__all__ = ["MemoryPayload", "MemoryProducer"]
+__all__ = ["MemoryDelivery", "MemoryStreamProducer"]
 
 
-class MemoryPayload(NamedTuple):
+class MemoryDelivery(NamedTuple):
     """The broker payload of one delivery: the record, and the seek epoch it was read in."""
 
     record: MemoryRecord
@@ -36,7 +36,7 @@ class MemoryPayload(NamedTuple):
 _GENERATION = 0
 
 
-class MemoryProducer(SharedStreamProducer):
+class MemoryStreamProducer(SharedStreamProducer[MemoryDelivery]):
     """One group's consumer of a :class:`MemoryBroker`, with Kafka's commit semantics.
 
     Lane = ``(topic, partition)``; what to commit, dead-letter, hold and seek back
@@ -46,7 +46,9 @@ class MemoryProducer(SharedStreamProducer):
     def __init__(self, config: MemoryConfig) -> None:
         self.config = config
         self._consumer: MemoryConsumer | None = None
-        self._ledger: CommitLedger[TopicPartition, AdvanceItem] = CommitLedger()
+        self._ledger: CommitLedger[TopicPartition, AdvanceItem[MemoryDelivery]] = CommitLedger()
+        #: Seeks back to a held offset (``Action.SOUGHT_BACK``).
+        self.sought_back = 0
 
     @property
     def broker(self) -> MemoryBroker:
@@ -60,7 +62,7 @@ class MemoryProducer(SharedStreamProducer):
         s = self.stats
         return {
             Action.DELIVERED: s.delivered,
-            Action.REDELIVERED: s.redelivered,
+            Action.SOUGHT_BACK: self.sought_back,
             Action.DEAD_LETTERED: s.dead_lettered,
             Action.DROPPED: s.dropped,
         }
@@ -69,7 +71,7 @@ class MemoryProducer(SharedStreamProducer):
         """The offset holding each partition back (its floor), for observability."""
         return {tp: [floor] for tp, floor in self._ledger.floors.items()}
 
-    async def open_stream(self) -> AsyncIterator[tuple[Any, Any]]:
+    async def open_stream(self) -> AsyncIterator[tuple[RawMessage, MemoryDelivery]]:
         config = self.config
         consumer = self.broker.consumer(
             config.group_id, config.topics, partitions=config.partitions
@@ -99,21 +101,19 @@ class MemoryProducer(SharedStreamProducer):
                         record.topic,
                         record,
                     )
-                    yield message, MemoryPayload(record, epoch)
+                    yield message, MemoryDelivery(record, epoch)
                 # One batch at most between two turns of the event loop.
                 await asyncio.sleep(0)
         finally:
             consumer.close()
 
-    def get_advance_lane(self, broker_payload: Any) -> Hashable:
-        payload: MemoryPayload = broker_payload
-        return payload.record.tp
+    def get_advance_lane(self, broker_payload: MemoryDelivery) -> Hashable:
+        return broker_payload.record.tp
 
-    def message_id(self, broker_payload: Any) -> str | None:
-        payload: MemoryPayload = broker_payload
-        return payload.record.message_id
+    def message_id(self, broker_payload: MemoryDelivery) -> str | None:
+        return broker_payload.record.message_id
 
-    async def advance(self, batch: Sequence[AdvanceItem]) -> None:
+    async def advance(self, batch: Sequence[AdvanceItem[MemoryDelivery]]) -> None:
         consumer = self._consumer
         if consumer is None:
             raise RuntimeError("advance() called before open_stream() opened the consumer")
@@ -137,17 +137,20 @@ class MemoryProducer(SharedStreamProducer):
                 to_seek.add(p.tp)
         for tp in to_seek:
             consumer.seek(tp, ledger.floors[tp])
+        self.sought_back += len(to_seek)
 
-    def _dead_letter(self, consumer: MemoryConsumer, items: Sequence[AdvanceItem]) -> None:
+    def _dead_letter(
+        self, consumer: MemoryConsumer, items: Sequence[AdvanceItem[MemoryDelivery]]
+    ) -> None:
         """Copy the rejected records the commit is about to pass to the DLQ, or count them."""
         if not items:
             return
-        dlq = self.config.dlq_topic
+        dlq = self.config.dead_letter
         if dlq is None:
             consumer.count(dropped=len(items))
             return
         for item in items:
-            record: MemoryRecord = item.broker_payload.record
+            record = item.broker_payload.record
             headers = dict(record.headers)
             headers.update(log_origin(record.topic, record.partition, record.offset))
             headers[REJECT_REASON] = outcome_reason(item.outcome)

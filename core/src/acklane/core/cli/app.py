@@ -103,6 +103,7 @@ if _running_the_pipeline():
 
 import asyncio  # noqa: E402 - after the signal handlers, on purpose
 import json  # noqa: E402
+import warnings  # noqa: E402
 from enum import StrEnum  # noqa: E402
 from importlib.metadata import (  # noqa: E402
     PackageNotFoundError,
@@ -262,13 +263,20 @@ def _main(
 
 
 def _load(path: Path) -> AcklaneConfig:
+    """The configuration, or exit 2 with its problems; old names of settings are logged
+    (WARNING, in the log's format) rather than left to Python's warnings."""
     from ..config import ConfigError, load_config
 
     try:
-        return load_config(path)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            cfg = load_config(path)
     except ConfigError as exc:
         _error(str(exc), title="invalid configuration")
         raise typer.Exit(2) from None
+    for deprecation in cfg.deprecations:
+        log.warning("%s", deprecation)
+    return cfg
 
 
 def _problem_document(problem: ConfigProblem) -> dict[str, Any]:
@@ -318,7 +326,10 @@ def validate(
     from ..config import ConfigError, load_config
 
     try:
-        cfg = load_config(config, offline_checks=True)
+        with warnings.catch_warnings():
+            # old names of settings: reported below, with the rest, not as Python warnings
+            warnings.simplefilter("ignore", FutureWarning)
+            cfg = load_config(config, offline_checks=True)
     except ConfigError as exc:
         if output is OutputFormat.JSON:
             problems = [_problem_document(p) for p in exc.problems]
@@ -348,6 +359,7 @@ def validate(
                 }
                 for w in cfg.watchers
             ],
+            "deprecations": [_problem_document(d) for d in cfg.deprecations],
         }
         if checks is not None:
             document["connected"] = not failed
@@ -369,6 +381,8 @@ def validate(
         f"{len(cfg.watchers)} watchers share {len(keys)} upstream poll(s); events stored in {store}"
     )
     console.print(Text(summary), soft_wrap=True)
+    for deprecation in cfg.deprecations:  # they work; say so, and their new names
+        console.print(Text("old name ", style="yellow") + Text(str(deprecation)), soft_wrap=True)
     if checks is not None:
         for check in checks:
             style = {"ok": "green", "failed": "red", "skipped": "yellow"}[check.status]

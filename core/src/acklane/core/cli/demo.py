@@ -337,7 +337,7 @@ class MemoryDemoBroker(DemoBroker):
     def stream_block(self) -> str:
         return (
             "{connector: memory, broker: acklane-demo, topics: [orders], group_id: demo, "
-            f"partitions: {self.partitions}, dlq_topic: orders.dlq, batch_size: 8, "
+            f"partitions: {self.partitions}, dead_letter: orders.dlq, batch_size: 8, "
             "poll_interval: 0.05}"
         )
 
@@ -357,9 +357,9 @@ class MemoryDemoBroker(DemoBroker):
         return [self.dead_letter_origin(dict(r.headers)) for r in self.broker.records("orders.dlq")]
 
     def message_id_of(self, broker_payload: Any) -> str | None:
-        from acklane.connectors.memory import MemoryPayload
+        from acklane.connectors.memory import MemoryDelivery
 
-        if isinstance(broker_payload, MemoryPayload):
+        if isinstance(broker_payload, MemoryDelivery):
             return broker_payload.record.message_id
         return super().message_id_of(broker_payload)
 

@@ -12,7 +12,13 @@ from typing import Any, Final, NamedTuple, NoReturn
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
-from ..connectors import UnknownConnector, available_connectors, load_connector
+from ..connectors import (
+    UnknownConnector,
+    available_connectors,
+    deprecated_names,
+    load_connector,
+    rename_fields,
+)
 from ..observe.redact import redact, remember, secrets_in
 from ..pipeline.filters import FilterSpec, FilterSpecError, compile_filter
 from ..sinks import KINDS, Sink, SinkContext, SinkSettings, UnknownSinkKind, sink_class
@@ -344,6 +350,7 @@ def parse_config(
         watchers=tuple(watchers),
         secrets=secrets,
         sinks={name: entry.settings for name, entry in sinks.items()},
+        deprecations=tuple(reader.deprecations),
     )
 
 
@@ -488,8 +495,11 @@ def _streams(reader: _Reader, blocks: Mapping[str, dict[str, Any]]) -> dict[str,
                 f"{type(exc).__name__}: {exc}",
             )
             continue
-        options = {k: v for k, v in block.items() if k != "connector"}
         model = connector.config_model
+        named = _new_names(reader, model, {k: v for k, v in block.items() if k != "connector"}, loc)
+        if named is None:
+            continue
+        options = named
         reader.secrets.update(
             str(options[field]) for field in _secret_fields(model) if options.get(field)
         )
@@ -518,6 +528,33 @@ def _streams(reader: _Reader, blocks: Mapping[str, dict[str, Any]]) -> dict[str,
         by_key.setdefault(key, stream)
         streams[name] = stream
     return streams
+
+
+def _new_names(
+    reader: _Reader, model: type[BaseModel], options: dict[str, Any], loc: Loc
+) -> dict[str, Any] | None:
+    """A stream block with the old names of its settings replaced by the new ones.
+
+    Each old name is warned at its line (it still works); a problem about the new name
+    is reported at the old one's line. None after a problem (an old name given with
+    its new one).
+    """
+    if not any(old in options for old in deprecated_names(model)):
+        return options
+    current: list[str] = []
+
+    def found(old: str, new: str) -> None:
+        current[:] = [old]
+        reader.deprecated((*loc, old), new)
+        line = reader.line_of((*loc, old))
+        if line is not None:
+            reader.lines.setdefault((*loc, *new.split(".")), line)
+
+    try:
+        return rename_fields(model, options, found)
+    except ValueError as exc:
+        reader.problem((*loc, *current), str(exc))
+        return None
 
 
 def _watchers(

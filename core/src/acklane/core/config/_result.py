@@ -12,6 +12,7 @@ from ..connectors import Connector
 from ..pipeline.filters import CompiledFilter
 from ..sinks import SinkSettings
 from ..stores.settings import StateStoreSettings
+from ._errors import ConfigProblem
 from ._models import EngineSettings, MetricsSettings, StoreSettings
 
 
@@ -67,6 +68,8 @@ class AcklaneConfig:
     secrets: frozenset[str] = field(default=frozenset(), repr=False)
     #: ``sinks:`` by name, in the file's order (each its kind's settings model).
     sinks: Mapping[str, SinkSettings] = field(default_factory=dict)
+    #: Old names of settings the file uses (they still work), each at its file:line.
+    deprecations: tuple[ConfigProblem, ...] = ()
 
     def watcher(self, name: str) -> WatcherConfig:
         for w in self.watchers:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -33,6 +34,8 @@ class _Reader:
         self.env = env
         self.lines: dict[Loc, int] = {}
         self.problems: list[ConfigProblem] = []
+        #: Old names of settings found in the file (each also warned, at its line).
+        self.deprecations: list[ConfigProblem] = []
         #: The location of each problem, in the order of ``problems``.
         self.problem_locs: list[Loc] = []
         #: Values that came from a ``${VAR}`` with a secret-like name.
@@ -71,6 +74,17 @@ class _Reader:
                 format_path(loc),
                 message,
             )
+        )
+
+    def deprecated(self, loc: Loc, new: str) -> None:
+        """An old name at ``loc``, now called ``new``: it still works, and is warned
+        (:class:`FutureWarning`) at its file and line."""
+        line = self.line_of(loc)
+        path = format_path(loc)
+        message = f"deprecated, now called {new}; the old name still works for now"
+        self.deprecations.append(ConfigProblem(self.source, line, path, message))
+        warnings.warn_explicit(
+            f"{path} is {message}", FutureWarning, filename=self.source, lineno=line or 0
         )
 
     # parsing

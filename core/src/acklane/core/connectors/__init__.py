@@ -11,6 +11,10 @@
   close), :class:`SettleBuffer`, :class:`LeaseKeeper` and :func:`beat_interval`,
   :class:`LeaseParking`, :class:`OrderedLanes` (the per-message twin of the
   ledger), :class:`ErrorMap` (an SDK's exceptions onto acklane's error kinds);
+- :class:`StreamSettings` and :class:`LeaseStreamSettings`: the settings every
+  stream block shares (``max_attempts``, ``dead_letter``; the lease brokers'
+  ``redelivery_backoff``, ``restart_lease_hold``, ``advance_linger``, ``heartbeat``),
+  one name for one idea on every broker, old names still read with a warning;
 - :class:`Reachability`: whether the broker answers, told once per change, the
   source of a producer's ``broker_problem()`` (``/readyz``);
 - :class:`Publisher` and :class:`OutgoingMessage`: the optional sending side
@@ -30,11 +34,22 @@ from ._publish import OutgoingMessage, Publisher, PublishError, PublishNotSuppor
 from ._reachability import Reachability
 from ._registry import ENTRY_POINT_GROUP, UnknownConnector, available_connectors, load_connector
 from ._settle import SettleBuffer
+from ._stream_settings import (
+    DEFAULT_MAX_ATTEMPTS,
+    HeartbeatSettings,
+    LeaseStreamSettings,
+    MaxAttempts,
+    RedeliveryBackoff,
+    StreamSettings,
+    deprecated_names,
+    rename_fields,
+)
 from ._tasks import ProducerTasks, finish_within
 from ._trigger import ConnectorTrigger
 from ._verdict import Verdict, verdict
 
 __all__ = [
+    "DEFAULT_MAX_ATTEMPTS",
     "ENTRY_POINT_GROUP",
     "Action",
     "BoundLot",
@@ -44,11 +59,14 @@ __all__ = [
     "Connector",
     "ConnectorTrigger",
     "ErrorMap",
+    "HeartbeatSettings",
     "LaneEntry",
     "LanePlan",
     "LeaseKeeper",
     "LeaseParking",
+    "LeaseStreamSettings",
     "LedgerEntry",
+    "MaxAttempts",
     "OrderedLanes",
     "OutgoingMessage",
     "ParkedLot",
@@ -57,13 +75,17 @@ __all__ = [
     "PublishNotSupported",
     "Publisher",
     "Reachability",
+    "RedeliveryBackoff",
     "SettleBuffer",
+    "StreamSettings",
     "UnknownConnector",
     "Verdict",
     "available_connectors",
     "beat_interval",
+    "deprecated_names",
     "due",
     "finish_within",
     "load_connector",
+    "rename_fields",
     "verdict",
 ]

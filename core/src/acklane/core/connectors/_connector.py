@@ -11,6 +11,7 @@ from typing_extensions import TypeVar
 
 from ..producer import SharedStreamProducer
 from ._publish import Publisher, PublishNotSupported
+from ._stream_settings import deprecated_names
 
 __all__ = ["ConfigT", "Connector"]
 
@@ -97,15 +98,16 @@ class Connector(ABC, Generic[ConfigT]):
     def config(cls, config: ConfigT | Mapping[str, Any]) -> ConfigT:
         """The configuration itself, or validated from a mapping holding its fields.
 
-        Keys of the mapping that are not fields of ``config_model`` are ignored (a
-        trigger's kwargs carry its subclass's own fields too); a YAML stream block is
+        Keys of the mapping that are not fields of ``config_model`` (nor old names it
+        still reads) are ignored (a trigger's kwargs carry its subclass's own fields
+        too); a YAML stream block is
         validated with ``config_model`` directly, where an unknown key is an error.
         """
         model = cls.config_model
         if isinstance(config, model):
             return config
         if isinstance(config, Mapping):
-            fields = model.model_fields
+            fields = {*model.model_fields, *deprecated_names(model)}  # old names still read
             return model.model_validate({k: v for k, v in config.items() if k in fields})
         raise TypeError(
             f"connector {cls.name!r}: expected a {model.__name__} or a mapping of its fields, "

@@ -116,7 +116,7 @@ class DeadLetterStep:
 
     ``broker`` and ``source`` start every line (``"SQS"``, the queue URL);
     ``destination`` is where copies go (``None``: nowhere, rejects are dropped);
-    ``setting`` is the field that names it (``dead_letter_queue_url``). A connector
+    ``setting`` is the field that names it (``dead_letter``). A connector
     whose callers catch its own error classes passes them as ``refused_error`` and
     ``failed_error``.
     """

@@ -7,7 +7,9 @@ compiled (at configuration load), so a running watcher never meets a typo.
 
 Paths: ``body`` (the decoded JSON body), ``body.a.b.0`` (fields and list
 indexes), ``attributes`` / ``attributes.<name>`` (the whole rest is the attribute
-name, dots included), ``key``, ``message_id``, ``source``, ``delivery_attempt``.
+name, dots included), ``key``, ``message_id`` (the message's identity, the same on
+every broker), ``broker_message_id`` (the broker's own id, where it gives one),
+``source``, ``delivery_attempt``.
 """
 
 from __future__ import annotations
@@ -56,7 +58,15 @@ OPERATORS: Final = (
 )
 
 #: Where a path may start.
-PATH_ROOTS: Final = ("body", "attributes", "key", "message_id", "source", "delivery_attempt")
+PATH_ROOTS: Final = (
+    "body",
+    "attributes",
+    "key",
+    "message_id",
+    "broker_message_id",
+    "source",
+    "delivery_attempt",
+)
 
 ProblemPath = tuple[str | int, ...]
 

@@ -25,10 +25,9 @@ import asyncio
 import logging
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Final
+from typing import TYPE_CHECKING, Final
 
-from pydantic import Field
-
+from ..connectors._stream_settings import DEFAULT_MAX_ATTEMPTS, MaxAttempts
 from ..connectors.deadletter import bounded_text
 
 if TYPE_CHECKING:
@@ -46,10 +45,8 @@ __all__ = [
 
 log = logging.getLogger("acklane.core.pipeline.poison")
 
-#: Failed attempts after which a redelivered message is dead-lettered (a stream's default).
-DEFAULT_MAX_ATTEMPTS: Final = 5
-#: The field every connector's stream block declares: ``max_attempts: MaxAttempts = 5``.
-MaxAttempts = Annotated[int, Field(ge=1, le=1_000_000)]
+# DEFAULT_MAX_ATTEMPTS and MaxAttempts (``max_attempts``, a field of every stream block)
+# are defined with the other shared stream settings, in acklane.core.connectors.
 #: The most bytes of error text kept per message (and quoted in a dead-letter reason).
 MAX_ERROR_BYTES: Final = 1024
 #: Seconds the background writer waits to gather more changes into one flush.

@@ -173,6 +173,12 @@ class ServiceBusEmulator(LocalProcessEmulator):
         result: dict[str, int] = self._admin("GET", f"/entities/{path}")
         return result
 
+    def refuse_settlements(self, path: str, times: int = 1) -> None:
+        """Make the next ``times`` settlements (complete, abandon, dead-letter) of the entity
+        fail with an error, as a broker's fault would; their messages stay locked until
+        their locks lapse. ``times=0`` clears it."""
+        self._admin("POST", "/faults", {"entity": path, "settlements": times})
+
 
 class MicrosoftServiceBusEmulator(Emulator):
     """Microsoft's emulator image and its SQL Edge companion (untested here: needs Docker)."""

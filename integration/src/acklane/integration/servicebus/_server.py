@@ -73,6 +73,11 @@ _SECTION_PREFIX = b"\x00\x53"
 _DEFAULT_SESSION_WAIT = 65.0
 
 
+#: The error a refused settlement is answered with (not retried by the SDK).
+_REFUSED_CONDITION = "com.microsoft:argument-error"
+_REFUSED = "settlement refused: the emulator was told to refuse it (POST /faults)"
+
+
 class _MgmtError(Exception):
     def __init__(self, status: int, condition: str, description: str) -> None:
         super().__init__(description)
@@ -234,6 +239,8 @@ class ServiceBusServer(Handler):
         self._links: list[Any] = []
         self._pending_sessions: list[Any] = []
         self.container: Container | None = None
+        #: Settlements still to refuse, by entity path (``refuse_settlements``).
+        self.refusals: dict[str, int] = {}
 
     # ------------------------------------------------------------------ reactor
 
@@ -554,6 +561,11 @@ class ServiceBusServer(Handler):
             delivery.update(Delivery.REJECTED)
             delivery.settle()
             return
+        if state != Delivery.RECEIVED and self._refused(entity):
+            delivery.local.condition = Condition(_REFUSED_CONDITION, _REFUSED)
+            delivery.update(Delivery.REJECTED)
+            delivery.settle()
+            return  # not applied: the lock stays until it lapses
         if not self._apply(entity, lock, state, remote):
             return  # RECEIVED: not an outcome
         if state == Delivery.MODIFIED:
@@ -736,6 +748,8 @@ class ServiceBusServer(Handler):
             }.get(status)
             if outcome is None:
                 raise _MgmtError(400, "com.microsoft:argument-error", f"unknown status {status!r}")
+            if self._refused(entity):
+                raise _MgmtError(400, _REFUSED_CONDITION, _REFUSED)
             for lock in self._locks(entity, _values(body.get("lock-tokens"))):
                 reason = body.get("deadletter-reason")
                 description = body.get("deadletter-description")
@@ -903,6 +917,22 @@ class ServiceBusServer(Handler):
             raise KeyError(path)
         return entity.counts()
 
+    def refuse_settlements(self, path: str, times: int) -> None:
+        """Refuse the next ``times`` settlements of the entity (a fault, for tests): each is
+        answered with an error and not applied, so its message comes back when its lock
+        lapses."""
+        entity = self.broker.resolve(path)
+        if entity is None:
+            raise KeyError(path)
+        self.refusals[entity.path] = times
+
+    def _refused(self, entity: Entity) -> bool:
+        left = self.refusals.get(entity.path, 0)
+        if left <= 0:
+            return False
+        self.refusals[entity.path] = left - 1
+        return True
+
 
 # Every reactor callback guarded once, here (not on every attribute access).
 for _name, _callback in list(vars(ServiceBusServer).items()):
@@ -947,7 +977,11 @@ class _Admin(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         spec = json.loads(self.rfile.read(length) or b"{}")
-        self._run(lambda: self.server_handler.create(spec))
+        if urllib.parse.unquote(self.path) == "/faults":
+            entity, times = str(spec.get("entity", "")), int(spec.get("settlements", 1))
+            self._run(lambda: self.server_handler.refuse_settlements(entity, times))
+        else:
+            self._run(lambda: self.server_handler.create(spec))
 
     def do_DELETE(self) -> None:
         name = urllib.parse.unquote(self.path)[len("/entities/") :]

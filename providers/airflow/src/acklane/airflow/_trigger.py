@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from pydantic import BaseModel, SecretStr, ValidationError
 
-from acklane.core.connectors import Connector
+from acklane.core.connectors import Connector, deprecated_names
 from acklane.core.observe.redact import is_secret_name
 from acklane.core.pipeline.filters import CompiledFilter, FilterSpecError, compile_filter
 from acklane.core.producer import AdvanceItem, AdvanceOutcome, SharedStreamProducer
@@ -222,7 +222,7 @@ class AcklaneEventTrigger(BaseEventTrigger):
     Keyword arguments:
 
     - the connector's settings, as in a stream block of acklane's YAML (``topics``,
-      ``group_id``, ``queue_url``, ``dead_letter_queue_url``...), secrets excepted;
+      ``group_id``, ``queue_url``, ``dead_letter``...), secrets excepted;
     - ``conn_id``: an Airflow connection holding the rest (servers, endpoint,
       region, credentials...); read in the triggerer when the poll starts;
     - ``filter``: acklane's filter block (``match`` / ``reject`` / ``emit`` rules,
@@ -268,7 +268,7 @@ class AcklaneEventTrigger(BaseEventTrigger):
     def check_settings(cls, settings: Mapping[str, Any], conn_id: str | None) -> dict[str, Any]:
         """The connector settings of a trigger, as JSON; secrets and unknown names refused."""
         model = cls.connector_class.config_model
-        fields = model.model_fields
+        fields = {*model.model_fields, *deprecated_names(model)}  # old names still read
         secret_fields = _secret_fields(model)
         name = cls.__name__
         problems: list[str] = []
@@ -344,7 +344,8 @@ class AcklaneEventTrigger(BaseEventTrigger):
         The default takes the keys of the connection's extra that are names of the
         connector's settings.
         """
-        fields = cls.connector_class.config_model.model_fields
+        model = cls.connector_class.config_model
+        fields = {*model.model_fields, *deprecated_names(model)}
         return {k: v for k, v in extra.items() if k in fields}
 
     @classmethod

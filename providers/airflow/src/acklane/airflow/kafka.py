@@ -27,7 +27,7 @@ class KafkaEventTrigger(AcklaneEventTrigger):
     """Kafka topics through one consumer group, shared by every trigger of the same group.
 
     Settings: those of acklane's Kafka stream block (``topics``, ``group_id``,
-    ``dlq_topic``, ``poll_timeout``, ``client``...). ``conn_id`` names an Airflow
+    ``dead_letter``, ``poll_timeout``, ``client``...). ``conn_id`` names an Airflow
     Kafka connection whose extra holds librdkafka properties, as the Kafka
     provider's do (``bootstrap.servers``, ``group.id``, ``security.protocol``,
     ``sasl.username``, ``sasl.password``...); the connection's login and password

@@ -22,7 +22,7 @@ class PubSubEventTrigger(AcklaneEventTrigger):
     """One Pub/Sub subscription, pulled once for every trigger of the same subscription.
 
     Settings: those of acklane's Pub/Sub stream block (``subscription``,
-    ``project``, ``dead_letter_topic``, ``ack_deadline``...). ``conn_id`` names an
+    ``project``, ``dead_letter``, ``ack_deadline``...). ``conn_id`` names an
     Airflow Google Cloud connection: its extra's ``project`` and ``key_path`` (a
     service-account key file) are read as the Google provider reads them, and any
     of acklane's settings by name (``emulator_host``). An inline key

@@ -19,7 +19,7 @@ class SqsEventTrigger(AcklaneEventTrigger):
     """One SQS queue, polled once for every trigger of the same queue.
 
     Settings: those of acklane's SQS stream block (``queue_url`` or ``queue_name``,
-    ``dead_letter_queue_url``, ``visibility_timeout``, ``redelivery_backoff``...).
+    ``dead_letter``, ``visibility_timeout``, ``redelivery_backoff``...).
     ``conn_id`` names an Airflow AWS connection: its login and password are the
     access key id and secret, its extra's ``region_name``, ``endpoint_url`` (or
     ``service_config.sqs.endpoint_url``), ``aws_session_token`` and

@@ -2,7 +2,7 @@
 
 The connection check uses one admin client and changes nothing: it describes the
 cluster (the brokers answer, the credentials are accepted), then the topics the
-stream reads and its ``dlq_topic`` (they exist, the user may describe them).
+stream reads and its ``dead_letter`` topic (they exist, the user may describe them).
 Regex subscriptions are not resolved. Joining the consumer group is not tried: that
 would rebalance a running pipeline.
 """
@@ -81,8 +81,8 @@ def _check(config: KafkaConfig, call_timeout: float) -> str:
     found = f"cluster {cluster.cluster_id or '(no id)'}, {len(cluster.nodes)} broker(s)"
     named = [t for t in config.topics if not t.startswith("^")]
     wanted = [(t, "topics") for t in named]
-    if config.dlq_topic is not None:
-        wanted.append((config.dlq_topic, "dlq_topic"))
+    if config.dead_letter is not None:
+        wanted.append((config.dead_letter, "dead_letter"))
     if not wanted:
         return f"{found}; regex subscription not resolved"
     futures = admin.describe_topics(

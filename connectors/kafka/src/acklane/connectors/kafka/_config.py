@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import re
-from typing import Any, Literal, Self
+from collections.abc import Mapping
+from typing import Any, ClassVar, Literal, Self
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     SecretStr,
     ValidationInfo,
@@ -15,7 +14,7 @@ from pydantic import (
     model_validator,
 )
 
-from acklane.core.pipeline.poison import DEFAULT_MAX_ATTEMPTS, MaxAttempts
+from acklane.core.connectors import StreamSettings
 
 __all__ = ["ClientValue", "KafkaConfig"]
 
@@ -74,25 +73,28 @@ _WHY_NO_AUTO_COMMIT = (
 )
 
 
-class KafkaConfig(BaseModel):
+class KafkaConfig(StreamSettings):
     """One Kafka stream: which cluster, topics and consumer group, and how to consume.
 
     ``bootstrap_servers``, ``topics`` and ``group_id`` pick the upstream and form the
     shared stream key; every other field is tuning or credentials. Security fields
     map one to one onto librdkafka properties (``sasl_mechanism`` ->
     ``sasl.mechanism``); ``client`` passes any other librdkafka property through.
+    ``dead_letter`` is the topic rejected records are produced to before the commit
+    passes them; ``max_attempts`` as on every broker.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    renamed: ClassVar[Mapping[str, str]] = {
+        "dlq_topic": "dead_letter",
+        "dlq_flush_timeout": "dead_letter_flush_timeout",
+        "dlq_client": "dead_letter_client",
+    }
 
     bootstrap_servers: str = Field(
         description="host:port of one or more brokers (a comma-separated string or a list)"
     )
     topics: tuple[str, ...] = Field(description="topics to consume (a regex starts with ^)")
     group_id: str = Field(min_length=1, description="the Kafka consumer group")
-    dlq_topic: str | None = Field(
-        default=None, description="rejected messages are produced here before being committed"
-    )
 
     # -- tuning (not part of the key)
     poll_timeout: float = Field(
@@ -112,13 +114,10 @@ class KafkaConfig(BaseModel):
     auto_offset_reset: Literal["earliest", "latest", "error"] = Field(
         default="earliest", description="where a group with no committed offset starts"
     )
-    dlq_flush_timeout: float = Field(
-        default=30.0, gt=0, description="seconds to wait for the DLQ broker to confirm copies"
-    )
-    max_attempts: MaxAttempts = Field(
-        default=DEFAULT_MAX_ATTEMPTS,
-        description="failed attempts (a filter raised, an ack timeout) after which a "
-        "redelivered message is dead-lettered instead of given to the watchers again",
+    dead_letter_flush_timeout: float = Field(
+        default=30.0,
+        gt=0,
+        description="seconds to wait for the broker to confirm dead-letter copies",
     )
 
     # -- security (passed through to librdkafka)
@@ -143,10 +142,12 @@ class KafkaConfig(BaseModel):
 
     # -- free-form librdkafka overrides
     client: dict[str, ClientValue] = Field(
-        default_factory=dict, description="extra librdkafka properties for the consumer and DLQ"
+        default_factory=dict,
+        description="extra librdkafka properties for the consumer and the dead-letter producer",
     )
-    dlq_client: dict[str, ClientValue] = Field(
-        default_factory=dict, description="extra librdkafka properties for the DLQ producer only"
+    dead_letter_client: dict[str, ClientValue] = Field(
+        default_factory=dict,
+        description="extra librdkafka properties for the dead-letter producer only",
     )
 
     @model_validator(mode="before")
@@ -196,14 +197,14 @@ class KafkaConfig(BaseModel):
                 )
         return tuple(dict.fromkeys(value))
 
-    @field_validator("dlq_topic")
+    @field_validator("dead_letter")
     @classmethod
-    def _legal_dlq_topic(cls, value: str | None) -> str | None:
+    def _legal_dead_letter_topic(cls, value: str | None) -> str | None:
         if value is not None and not _TOPIC.fullmatch(value):
             raise ValueError(f"{value!r} is not a Kafka topic name")
         return value
 
-    @field_validator("client", "dlq_client")
+    @field_validator("client", "dead_letter_client")
     @classmethod
     def _client_properties(
         cls, value: dict[str, ClientValue], info: ValidationInfo
@@ -227,13 +228,13 @@ class KafkaConfig(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
-        if self.dlq_topic is not None and self.dlq_topic in self.topics:
+        if self.dead_letter is not None and self.dead_letter in self.topics:
             raise ValueError(
-                f"dlq_topic {self.dlq_topic!r} is one of the consumed topics: rejected messages "
-                "would come straight back"
+                f"dead_letter {self.dead_letter!r} is one of the consumed topics: rejected "
+                "messages would come straight back"
             )
         typed = self._security_properties()
-        for source in ("client", "dlq_client"):
+        for source in ("client", "dead_letter_client"):
             for name in getattr(self, source):
                 if name in typed:
                     raise ValueError(
@@ -316,7 +317,7 @@ class KafkaConfig(BaseModel):
             # still enforces the DLQ topic's own limit.
             "message.max.bytes": DLQ_MAX_MESSAGE_BYTES,
             **self._client_settings(),
-            **self.dlq_client,
+            **self.dead_letter_client,
         }
 
     def admin_settings(self) -> dict[str, Any]:
@@ -325,7 +326,7 @@ class KafkaConfig(BaseModel):
 
     def describe(self) -> str:
         """A secret-free one-liner for logs."""
-        dlq = f" dlq={self.dlq_topic}" if self.dlq_topic else ""
+        dlq = f" dead_letter={self.dead_letter}" if self.dead_letter else ""
         return (
             f"kafka servers={self.bootstrap_servers} topics={','.join(self.topics)} "
             f"group={self.group_id}{dlq}"

@@ -205,6 +205,10 @@ class KafkaMessage(RawMessage):
     def native(self) -> Any:
         return self._message
 
+    @property
+    def broker_message_id(self) -> None:  # type: ignore[override]
+        return None  # a record is named by its position, which message_id holds
+
     def __repr__(self) -> str:
         return f"KafkaMessage({self.message_id!r}, body={self.body[:64]!r})"
 

@@ -148,7 +148,7 @@ class KafkaStreamStats:
     delivered: int = 0  # records handed to the engine
     committed: int = 0  # successful commit calls
     held: int = 0  # failed / unclaimed records that held their partition
-    redelivered: int = 0  # seeks back to a held offset
+    sought_back: int = 0  # seeks back to a held offset
     dead_lettered: int = 0  # rejected records copied to the DLQ topic
     dead_letter_refused: int = 0  # DLQ copies refused as too large (the group fails on them)
     dropped: int = 0  # rejected records committed past with no DLQ topic
@@ -170,7 +170,7 @@ def _stale(record: KafkaMessage, epoch: int, sought: dict[TP, tuple[int, int]]) 
 _outcome_of = operator.attrgetter("outcome")
 
 
-def _all_clean(batch: Sequence[AdvanceItem]) -> bool:
+def _all_clean(batch: Sequence[AdvanceItem[KafkaDelivery]]) -> bool:
     """Whether every item's outcome ``is_clean``, asking each distinct outcome once.
 
     An engine shares one outcome object among events resolved alike (acklane's
@@ -233,14 +233,14 @@ class _Handout:
         return zip(records, records, strict=True)
 
 
-class KafkaStreamProducer(SharedStreamProducer):
+class KafkaStreamProducer(SharedStreamProducer[KafkaDelivery]):
     """Consumes a Kafka consumer group for one shared stream and commits what the engine advances.
 
     Lane = ``(topic, partition)``. ``advance`` commits offset+1 of the last
     committable record of the lane; a failed or unclaimed record holds its
     partition (nothing at or after it is committed, across batches) and the
     partition is sought back to it so it comes again now; a rejected record is
-    copied to ``dlq_topic`` (flushed before the commit that passes it) or, with no
+    copied to ``dead_letter`` (flushed before the commit that passes it) or, with no
     DLQ, committed past and counted in ``stats.dropped``.
 
     A record's ``message_id`` names the cluster and the topic's life as well as the
@@ -254,8 +254,8 @@ class KafkaStreamProducer(SharedStreamProducer):
         self._dead_letters = DeadLetterStep(
             "Kafka",
             f"group {config.group_id}",
-            config.dlq_topic,
-            "dlq_topic",
+            config.dead_letter,
+            "dead_letter",
             logger=log,
             refused_error=_Refused,
             failed_error=KafkaAdvanceError,
@@ -277,7 +277,7 @@ class KafkaStreamProducer(SharedStreamProducer):
         self._dlq_limit: int | None = None  # the DLQ topic's max.message.bytes, if known
         self._generation = 0
         # Generations, floors (lowest held offsets), commits and seeks back, per partition.
-        self._ledger: CommitLedger[TP, AdvanceItem] = CommitLedger()
+        self._ledger: CommitLedger[TP, AdvanceItem[KafkaDelivery]] = CommitLedger()
         self._owned = self._ledger.owned  # partition -> generation of its assignment
         self._assignment: frozenset[TP] = frozenset()  # snapshot of _owned, for the loop
         self._paused = False
@@ -373,7 +373,7 @@ class KafkaStreamProducer(SharedStreamProducer):
             self._outstanding += 1
             yield record, record
 
-    async def advance(self, batch: Sequence[AdvanceItem]) -> None:
+    async def advance(self, batch: Sequence[AdvanceItem[KafkaDelivery]]) -> None:
         """Commit, dead-letter or hold, per partition, for a resolved prefix of one lane."""
         if not batch:
             return
@@ -391,12 +391,10 @@ class KafkaStreamProducer(SharedStreamProducer):
         # written on the consumer thread; one str attribute, read here on the loop
         return self._health.unreachable
 
-    def get_advance_lane(self, broker_payload: Any) -> Hashable:
-        delivery: KafkaDelivery = broker_payload
+    def get_advance_lane(self, delivery: KafkaDelivery) -> Hashable:
         return delivery.lane
 
-    def message_id(self, broker_payload: Any) -> str | None:
-        delivery: KafkaDelivery = broker_payload
+    def message_id(self, delivery: KafkaDelivery) -> str | None:
         mid: str = delivery._mid  # made when the record was fetched (see KafkaMessage)
         return delivery.message_id if mid is _UNSET else mid
 
@@ -460,8 +458,8 @@ class KafkaStreamProducer(SharedStreamProducer):
         admin["logger"] = _client_log
         self._admin = AdminClient(admin)
         self._cluster_id = self._read_cluster_id()
-        if self.config.dlq_topic is not None:
-            self._check_dlq_limits(self.config.dlq_topic)
+        if self.config.dead_letter is not None:
+            self._check_dlq_limits(self.config.dead_letter)
         consumer.subscribe(
             list(self.config.topics),
             on_assign=self._on_assign,
@@ -638,7 +636,10 @@ class KafkaStreamProducer(SharedStreamProducer):
                 continue
             for smaller, setting in (
                 (dlq_limit, f"max.message.bytes of the DLQ topic {dlq}"),
-                (client_limit, "message.max.bytes of the DLQ producer (dlq_client)"),
+                (
+                    client_limit,
+                    "message.max.bytes of the dead-letter producer (dead_letter_client)",
+                ),
             ):
                 if smaller is not None and smaller < limit:
                     log.warning(
@@ -844,7 +845,7 @@ class KafkaStreamProducer(SharedStreamProducer):
             self._consumer.pause([TopicPartition(t, p) for t, p in new])
             self._paused_parts.update(new)
 
-    def _advance(self, batch: Sequence[AdvanceItem]) -> None:
+    def _advance(self, batch: Sequence[AdvanceItem[KafkaDelivery]]) -> None:
         if self._consumer is None:
             raise KafkaAdvanceError(f"{self.config.describe()}: the consumer is not connected")
         if self._all_clean_in_one_owned_lane(batch):
@@ -868,8 +869,8 @@ class KafkaStreamProducer(SharedStreamProducer):
                 item.outcome.failed,
             )
         if plan.dead_letter:
-            if self.config.dlq_topic is not None:
-                self._dead_letter(plan.dead_letter, self.config.dlq_topic)
+            if self.config.dead_letter is not None:
+                self._dead_letter(plan.dead_letter, self.config.dead_letter)
             else:
                 self._drop(plan.dead_letter)
         if plan.commits:
@@ -882,7 +883,7 @@ class KafkaStreamProducer(SharedStreamProducer):
             else:
                 self._seek(tp, offset)
 
-    def _all_clean_in_one_owned_lane(self, batch: Sequence[AdvanceItem]) -> bool:
+    def _all_clean_in_one_owned_lane(self, batch: Sequence[AdvanceItem[KafkaDelivery]]) -> bool:
         """The common case: one partition, owned since, not held, every record clean
         (its :func:`~acklane.core.connectors.verdict` is COMMIT: ``is_clean``)."""
         first: KafkaDelivery = batch[0].broker_payload
@@ -904,7 +905,7 @@ class KafkaStreamProducer(SharedStreamProducer):
             return TopicPartition(topic, partition, offset)
         return TopicPartition(topic, partition, offset, leader_epoch=epoch)
 
-    def _dead_letter(self, items: Sequence[AdvanceItem], topic: str) -> None:
+    def _dead_letter(self, items: Sequence[AdvanceItem[KafkaDelivery]], topic: str) -> None:
         producer = self._dlq
         if producer is None:
             producer = self._dlq = self._dlq_producer()
@@ -947,11 +948,11 @@ class KafkaStreamProducer(SharedStreamProducer):
                         f"cannot dead-letter {delivery.message_id} ({size} bytes of key, value "
                         f"and headers) to {topic!r}: {exc}; nothing was committed past it"
                     ) from exc
-        remaining = producer.flush(self.config.dlq_flush_timeout)
+        remaining = producer.flush(self.config.dead_letter_flush_timeout)
         if remaining:
             raise KafkaAdvanceError(
                 f"{remaining} dead-letter copies to {topic!r} were not confirmed within "
-                f"{self.config.dlq_flush_timeout}s; nothing was committed past them"
+                f"{self.config.dead_letter_flush_timeout}s; nothing was committed past them"
             )
         if errors:
             refused = [(mid, size) for mid, size, e in errors if e.code() in _TOO_LARGE]
@@ -990,22 +991,25 @@ class KafkaStreamProducer(SharedStreamProducer):
             f"cannot dead-letter {message_id}: its copy is {size} bytes (key, value and "
             f"headers) and {why}. Nothing was committed past it: the group fails on it until "
             f"the copy fits. Raise max.message.bytes on the DLQ topic {topic!r} and/or "
-            f"message.max.bytes in dlq_client"
+            f"message.max.bytes in dead_letter_client"
         )
         refused = self._dead_letters.refuse(
             text,
-            settings=(f"max.message.bytes of topic {topic}", "dlq_client.message.max.bytes"),
+            settings=(
+                f"max.message.bytes of topic {topic}",
+                "dead_letter_client.message.max.bytes",
+            ),
             count=count,
         )
         self.stats.dead_letter_refused = self._dead_letters.refused
         return refused
 
-    def _drop(self, items: Sequence[AdvanceItem]) -> None:
+    def _drop(self, items: Sequence[AdvanceItem[KafkaDelivery]]) -> None:
         for item in items:
             self._dead_letters.drop(
                 item.broker_payload.message_id,
                 outcome_reason(item.outcome),
-                why="committed past, no dlq_topic",
+                why="committed past, no dead_letter",
             )
         self.stats.dropped = self._dead_letters.dropped
 
@@ -1059,13 +1063,13 @@ class KafkaStreamProducer(SharedStreamProducer):
         self._seek_epoch += 1
         self._sought[tp] = (self._seek_epoch, offset)
         self._ledger.sought(tp, offset)
-        self.stats.redelivered += 1
+        self.stats.sought_back += 1
 
     def _close_clients(self) -> None:
         problems: list[str] = []
         if self._dlq is not None:
             try:
-                remaining = self._dlq.flush(self.config.dlq_flush_timeout)
+                remaining = self._dlq.flush(self.config.dead_letter_flush_timeout)
                 if remaining:
                     problems.append(f"{remaining} dead-letter copies were not confirmed")
             except Exception as exc:

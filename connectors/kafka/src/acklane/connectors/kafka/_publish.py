@@ -36,9 +36,9 @@ class KafkaPublisher(Publisher):
     """Produces to one topic and waits for the broker's acknowledgement of each record.
 
     The producer gets the stream's servers, security fields and the ``client``
-    properties a producer understands (those of the DLQ producer, ``dlq_client``
-    included); a record not confirmed within ``dlq_flush_timeout`` seconds fails
-    the batch.
+    properties a producer understands (those of the dead-letter producer,
+    ``dead_letter_client`` included); a record not confirmed within
+    ``dead_letter_flush_timeout`` seconds fails the batch.
     """
 
     max_batch: ClassVar[int] = 1000
@@ -60,7 +60,7 @@ class KafkaPublisher(Publisher):
     def _make_producer(self) -> Any:
         from confluent_kafka import Producer
 
-        timeout_ms = int(self.config.dlq_flush_timeout * 1000)
+        timeout_ms = int(self.config.dead_letter_flush_timeout * 1000)
         settings: dict[str, Any] = {
             **self.config.dlq_settings(),
             "message.timeout.ms": timeout_ms,
@@ -94,7 +94,7 @@ class KafkaPublisher(Publisher):
                 except BufferError:  # the local queue is full: let deliveries drain it
                     producer.poll(0.1)
             producer.poll(0)
-        remaining = producer.flush(self.config.dlq_flush_timeout + 5)
+        remaining = producer.flush(self.config.dead_letter_flush_timeout + 5)
         if self._fatal is not None:
             raise PublishError(f"{self.destination}: {self._fatal}")
         if failures:
@@ -104,7 +104,8 @@ class KafkaPublisher(Publisher):
         if remaining:
             raise PublishError(
                 f"{self.destination}: {remaining} record(s) not confirmed within "
-                f"{self.config.dlq_flush_timeout:g}s (dlq_flush_timeout); is the broker up?"
+                f"{self.config.dead_letter_flush_timeout:g}s (dead_letter_flush_timeout); "
+                "is the broker up?"
             )
 
     async def send(self, messages: Sequence[OutgoingMessage]) -> None:

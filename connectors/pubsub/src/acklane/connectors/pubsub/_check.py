@@ -4,7 +4,7 @@
 credentials that cannot be found) into a :class:`~acklane.core.errors.BrokerAuthError`:
 the runner stops rather than retry them. :func:`is_unreachable` tells an endpoint
 that does not answer (``UNAVAILABLE``, ``DEADLINE_EXCEEDED``). The connection check
-reads the subscription (and the ``dead_letter_topic``): nothing is pulled or acked.
+reads the subscription (and the ``dead_letter`` topic): nothing is pulled or acked.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ _AUTH_CODES = {
     "UNAUTHENTICATED": ("authentication", _CREDENTIALS),
     "PERMISSION_DENIED": (
         "authorisation",
-        ("subscription", "dead_letter_topic", "credentials_file"),
+        ("subscription", "dead_letter", "credentials_file"),
     ),
 }
 _UNREACHABLE_CODES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED"})
@@ -131,10 +131,10 @@ async def check_connection(config: PubSubConfig, call_timeout: float) -> str:
     if dlq is None:
         if policy and policy.dead_letter_topic:
             return f"{found}; its dead-letter policy sends to {policy.dead_letter_topic}"
-        return f"{found}; no dead_letter_topic, no dead-letter policy (rejects are dropped)"
+        return f"{found}; no dead_letter, no dead-letter policy (rejects are dropped)"
     publisher = make_client(config, "publisher")
     try:
-        await _call(publisher.get_topic, "dead_letter_topic", endpoint, call_timeout, topic=dlq)
+        await _call(publisher.get_topic, "dead_letter", endpoint, call_timeout, topic=dlq)
     finally:
         await _close(publisher)
     return f"{found}; dead-letter topic {dlq} exists"
@@ -150,7 +150,8 @@ async def _call(method: Any, field: str, endpoint: str, call_timeout: float, **k
             raise refused from None
         code = grpc_code(exc)
         if code == "NOT_FOUND":
-            raise ReceiveError(f"no such {field.replace('_', ' ')}: {what} ({field})") from None
+            kind = "dead-letter topic" if field == "dead_letter" else field.replace("_", " ")
+            raise ReceiveError(f"no such {kind}: {what} ({field})") from None
         if code in _UNREACHABLE_CODES:
             raise BrokerUnreachable(
                 f"no answer from the Pub/Sub endpoint ({endpoint}) within {call_timeout:g}s: "

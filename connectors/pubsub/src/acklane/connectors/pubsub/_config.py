@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import math
 import re
-from collections.abc import Hashable
-from typing import Any, Self
+from collections.abc import Hashable, Mapping
+from typing import Any, ClassVar, Self
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from acklane.core.pipeline.poison import DEFAULT_MAX_ATTEMPTS, MaxAttempts
+from acklane.core.connectors import LeaseStreamSettings, RedeliveryBackoff
 
 __all__ = ["MAX_ACK_DEADLINE", "PubSubConfig", "RedeliveryBackoff"]
 
@@ -23,56 +22,29 @@ _TOPIC_PATH = re.compile(r"^projects/([^/]+)/topics/([^/]+)$")
 _HOST_PORT = re.compile(r"^[^\s/:]+(:\d{1,5})?$|^\[[0-9a-fA-F:]+\](:\d{1,5})?$")
 
 
-class RedeliveryBackoff(BaseModel):
-    """How long a failed message waits before Pub/Sub delivers it again.
-
-    ``base * multiplier ** (delivery_attempt - 1)`` seconds, capped at ``max``
-    (``ModifyAckDeadline`` to that many seconds instead of 0). The delivery attempt
-    is Pub/Sub's when the subscription has a dead-letter policy, else 1 (the
-    service counts attempts only then). ``base: 0`` (the default) nacks at once.
-    A plain number is read as ``base``.
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    base: float = Field(default=0.0, ge=0, le=MAX_ACK_DEADLINE)
-    multiplier: float = Field(default=2.0, ge=1.0)
-    max: float = Field(default=MAX_ACK_DEADLINE, ge=0, le=MAX_ACK_DEADLINE)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _number_is_base(cls, data: Any) -> Any:
-        if isinstance(data, int | float) and not isinstance(data, bool):
-            return {"base": data}
-        return data
-
-    def delay(self, attempt: int | None) -> int:
-        """Whole seconds before a message delivered ``attempt`` times comes again."""
-        if self.base <= 0:
-            return 0
-        try:
-            seconds = self.base * self.multiplier ** (max(attempt or 1, 1) - 1)
-        except OverflowError:
-            seconds = self.max
-        return min(math.ceil(min(seconds, self.max)), MAX_ACK_DEADLINE)
-
-
-class PubSubConfig(BaseModel):
+class PubSubConfig(LeaseStreamSettings):
     """One Pub/Sub stream: which subscription, how to reach it, how to consume it.
 
     ``project``, ``subscription`` and the endpoint (``emulator_host`` or
     ``endpoint``) pick the upstream and form the shared stream key; every other
-    field is tuning. ``subscription`` and ``dead_letter_topic`` take a name (in
+    field is tuning. ``subscription`` and ``dead_letter`` (a topic) take a name (in
     ``project``) or a full path (``projects/P/subscriptions/S``).
     Credentials: Application Default Credentials, or ``credentials_file`` (a
-    service-account key file), or none at all with ``emulator_host``.
+    service-account key file), or none at all with ``emulator_host``. The shared
+    settings are :class:`LeaseStreamSettings`'; a redelivery backoff and a lease
+    hold are at most 600 s (the longest ack deadline).
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    renamed: ClassVar[Mapping[str, str]] = {
+        "dead_letter_topic": "dead_letter",
+        "max_messages": "batch_size",
+        "heartbeat_interval": "heartbeat.interval",
+    }
+    longest_lease: ClassVar[float] = MAX_ACK_DEADLINE
+    broker_name: ClassVar[str] = "Pub/Sub"
 
     project: str | None = None
     subscription: str
-    dead_letter_topic: str | None = None
 
     credentials_file: str | None = None
     emulator_host: str | None = None
@@ -80,28 +52,14 @@ class PubSubConfig(BaseModel):
     client_options: dict[str, Any] = Field(default_factory=dict)
 
     #: Messages asked for per ``Pull`` (1 to 1000).
-    max_messages: int = Field(default=100, ge=1, le=1000)
+    batch_size: int = Field(default=100, ge=1, le=1000)
     #: Pulled messages not yet advanced, at most; the poll waits beyond it.
     max_outstanding: int = Field(default=1000, ge=1, le=100_000)
     #: Seconds of lease each heartbeat grants (``ModifyAckDeadline``).
     ack_deadline: int = Field(default=60, ge=1, le=MAX_ACK_DEADLINE)
-    #: Seconds between heartbeats (default and cap: a quarter of the shorter of the
-    #: subscription's ack deadline and ``ack_deadline``).
-    heartbeat_interval: float | None = Field(default=None, gt=0)
-    redelivery_backoff: RedeliveryBackoff = Field(default_factory=RedeliveryBackoff)
-    #: Seconds a partial batch of acks waits for company (0 to 5).
-    advance_linger: float = Field(default=0.05, ge=0, le=5)
-    #: Seconds a closing producer keeps the lease of messages the engine never
-    #: resolved, for the next producer of the subscription in this process to take
-    #: them over without a redelivery (0 to 600; 0, or up to the 5 s a take-over
-    #: needs left, nacks them at once).
-    restart_lease_hold: float = Field(default=60, ge=0, le=MAX_ACK_DEADLINE)
-    #: Failed attempts (a filter raised, an ack timeout) after which a redelivered
-    #: message is dead-lettered instead of given to the watchers again.
-    max_attempts: MaxAttempts = DEFAULT_MAX_ATTEMPTS
 
     @field_validator(
-        "project", "dead_letter_topic", "credentials_file", "emulator_host", "endpoint",
+        "project", "credentials_file", "emulator_host", "endpoint",
         mode="before",
     )  # fmt: skip
     @classmethod
@@ -153,22 +111,23 @@ class PubSubConfig(BaseModel):
                 f"subscription: {name!r} is not a Pub/Sub name (3-255 characters, starting "
                 "with a letter: letters, digits, - _ . ~ + %)"
             )
-        if self.dead_letter_topic is not None:
-            topic = _TOPIC_PATH.match(self.dead_letter_topic)
-            dl_name = topic.group(2) if topic else self.dead_letter_topic
-            if (topic is None and "/" in self.dead_letter_topic) or not _NAME.match(dl_name):
+        if self.dead_letter is not None:
+            topic = _TOPIC_PATH.match(self.dead_letter)
+            dl_name = topic.group(2) if topic else self.dead_letter
+            if (topic is None and "/" in self.dead_letter) or not _NAME.match(dl_name):
                 raise ValueError(
-                    f"dead_letter_topic: expected a topic name or projects/P/topics/T, got "
-                    f"{self.dead_letter_topic!r}"
+                    f"dead_letter: expected a topic name or projects/P/topics/T, got "
+                    f"{self.dead_letter!r}"
                 )
         if self.credentials_file is not None and self.emulator_host is not None:
             raise ValueError("credentials_file / emulator_host: an emulator takes no credentials")
         if self.emulator_host is not None and self.endpoint is not None:
             raise ValueError("emulator_host / endpoint: give one of them")
-        if self.heartbeat_interval is not None and self.heartbeat_interval * 2 >= self.ack_deadline:
+        interval = self.heartbeat.interval
+        if interval is not None and interval * 2 >= self.ack_deadline:
             raise ValueError(
-                f"heartbeat_interval ({self.heartbeat_interval}) must be shorter than half "
-                f"of ack_deadline ({self.ack_deadline}): leases would lapse between beats"
+                f"heartbeat.interval ({interval:g}) must be shorter than half of "
+                f"ack_deadline ({self.ack_deadline}): leases would lapse between beats"
             )
         return self
 
@@ -188,7 +147,8 @@ class PubSubConfig(BaseModel):
 
     @property
     def dead_letter_topic_path(self) -> str | None:
-        topic = self.dead_letter_topic
+        """The ``dead_letter`` topic as a full path (``projects/P/topics/T``), or None."""
+        topic = self.dead_letter
         if topic is None or topic.startswith("projects/"):
             return topic
         return f"projects/{self.project_id}/topics/{topic}"

@@ -8,7 +8,29 @@ from typing import Any
 
 from acklane.core.message import RawMessage
 
-__all__ = ["PubSubDelivery", "PubSubMessage"]
+__all__ = ["PubSubDelivery", "PubSubMessage", "identity_of", "publish_stamp_of"]
+
+
+def publish_stamp_of(received: Any) -> str:
+    """A received message's publish time, precise to the nanosecond as the service gave
+    it (RFC 3339)."""
+    stamp = received.message.publish_time
+    return stamp.rfc3339() if hasattr(stamp, "rfc3339") else str(stamp)
+
+
+def identity_of(subscription: str, topic: str, message_id: str, publish_stamp: str) -> str:
+    """``pubsub:<project>/<topic>/<message id>@<publish time>``: a message's identity.
+
+    A message id is unique within a topic; the publish time tells a deleted and
+    recreated topic's messages apart. With the topic unknown (or deleted), the
+    subscription names the stream: ``pubsub:subscription:<project>/subscriptions/...``.
+    """
+    if topic.startswith("projects/"):
+        _, project, _, name = topic.split("/", 3)
+        where = f"{project}/{name}"
+    else:
+        where = f"subscription:{subscription.removeprefix('projects/')}"
+    return f"pubsub:{where}/{message_id}@{publish_stamp}"
 
 
 @dataclass(slots=True)
@@ -16,12 +38,12 @@ class PubSubMessage(RawMessage):
     """One pulled Pub/Sub message, as filters see it.
 
     ``body`` is the message data, ``attributes`` its attributes, ``key`` its
-    ordering key (``None`` when empty), ``message_id`` Pub/Sub's id (unique within
-    the topic), ``publish_time`` the server's publish time and ``delivery_attempt``
-    Pub/Sub's count (only when the subscription has a dead-letter policy, else
-    ``None``). ``native`` is the ``ReceivedMessage``. The event store's identity of
-    the message is the producer's ``message_id()``, which adds the topic and the
-    publish time.
+    ordering key (``None`` when empty), ``message_id`` the message's identity
+    (:func:`identity_of`: the event store's, the producer's ``message_id()``),
+    ``broker_message_id`` (also ``pubsub_message_id``) Pub/Sub's own id (unique
+    within the topic), ``publish_time`` the server's publish time and
+    ``delivery_attempt`` Pub/Sub's count (only when the subscription has a
+    dead-letter policy, else ``None``). ``native`` is the ``ReceivedMessage``.
     """
 
     subscription: str = ""
@@ -36,6 +58,11 @@ class PubSubMessage(RawMessage):
     def ordering_key(self) -> str | None:
         return self.key
 
+    @property
+    def pubsub_message_id(self) -> str:
+        """Pub/Sub's own id of the message (unique within its topic)."""
+        return self.broker_message_id or ""
+
     @classmethod
     def from_received(cls, subscription: str, topic: str, received: Any) -> PubSubMessage:
         """Build from one ``google.pubsub_v1.types.ReceivedMessage``."""
@@ -45,11 +72,13 @@ class PubSubMessage(RawMessage):
             publish_time: datetime | None = published.astimezone(UTC)
         else:
             publish_time = None
+        native_id = str(message.message_id)
         return cls(
             body=bytes(message.data),
             attributes=dict(message.attributes),
             key=message.ordering_key or None,
-            message_id=str(message.message_id),
+            message_id=identity_of(subscription, topic, native_id, publish_stamp_of(received)),
+            broker_message_id=native_id,
             publish_time=publish_time,
             delivery_attempt=int(received.delivery_attempt) or None,
             source=subscription,
@@ -80,8 +109,8 @@ class PubSubDelivery:
 
     @property
     def message_id(self) -> str:
-        assert self.message.message_id is not None
-        return self.message.message_id
+        """Pub/Sub's own id (the message's identity is ``message.message_id``)."""
+        return self.message.pubsub_message_id
 
     @property
     def ordering_key(self) -> str | None:

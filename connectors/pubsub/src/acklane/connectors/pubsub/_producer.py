@@ -25,8 +25,8 @@ from ._check import ERRORS
 from ._client import make_client
 from ._config import PubSubConfig
 from ._copies import DEAD_LETTER_ATTRIBUTES, ORIGIN_PUBLISH_TIME, dead_letter_copy
-from ._message import PubSubDelivery
-from ._subscription import DEFAULT_ACK_DEADLINE, deliveries, identity, read_subscription
+from ._message import PubSubDelivery, PubSubMessage
+from ._subscription import DEFAULT_ACK_DEADLINE, deliveries, read_subscription
 
 __all__ = [
     "DEAD_LETTER_ATTRIBUTES",
@@ -54,7 +54,7 @@ class PubSubConnectorError(ReceiveError):
     """The subscription cannot be read from (it does not exist, say)."""
 
 
-class PubSubStreamProducer(SharedStreamProducer):
+class PubSubStreamProducer(SharedStreamProducer[PubSubDelivery]):
     """One group's poll of a Pub/Sub subscription (see the module docstring)."""
 
     #: A parked lease is taken over only with at least this many seconds left: the
@@ -83,7 +83,7 @@ class PubSubStreamProducer(SharedStreamProducer):
         )
         destination = config.dead_letter_topic_path
         self._dead_letters = DeadLetterStep(
-            "Pub/Sub", self.subscription, destination, "dead_letter_topic", logger=log
+            "Pub/Sub", self.subscription, destination, "dead_letter", logger=log
         )
         self._pull_task: asyncio.Future[Any] | None = None
         self.delivered = self.acked = self.nacked = self.held = 0
@@ -118,7 +118,7 @@ class PubSubStreamProducer(SharedStreamProducer):
         policy = "nacked for its dead-letter policy to move them after max_delivery_attempts"
         self._dead_letters.announce("acked", policy if self.has_dead_letter_policy else None)
         shortest = min(self.subscription_deadline, self.config.ack_deadline)
-        interval = kit.beat_interval(shortest, self.config.heartbeat_interval)
+        interval = kit.beat_interval(shortest, self.config.heartbeat.interval)
         keeper = kit.LeaseKeeper(
             self._extend_due, interval, transient=ERRORS.transient, describe=self._what
         )
@@ -130,17 +130,17 @@ class PubSubStreamProducer(SharedStreamProducer):
 
     # ------------------------------------------------------------------ poll
 
-    async def open_stream(self) -> AsyncIterator[tuple[Any, Any]]:
+    async def open_stream(self) -> AsyncIterator[tuple[PubSubMessage, PubSubDelivery]]:
         async for batch in self._batches():
             self._unyielded = {delivery.ack_id for _, delivery in batch}
             for pair in batch:
                 self._unyielded.discard(pair[1].ack_id)
                 yield pair
 
-    def open_batches(self) -> AsyncIterator[Iterable[tuple[Any, Any]]] | None:
+    def open_batches(self) -> AsyncIterator[Iterable[tuple[PubSubMessage, PubSubDelivery]]] | None:
         return self._batches()
 
-    async def _batches(self) -> AsyncIterator[list[tuple[Any, Any]]]:
+    async def _batches(self) -> AsyncIterator[list[tuple[PubSubMessage, PubSubDelivery]]]:
         await self._start()
         empty = 0
         while True:
@@ -164,7 +164,7 @@ class PubSubStreamProducer(SharedStreamProducer):
                 continue
             try:
                 with ERRORS.receiving(f"pulling from {self.subscription}"):
-                    batch = await self._pull(min(self.config.max_messages, room))
+                    batch = await self._pull(min(self.config.batch_size, room))
             except BrokerUnreachable as exc:
                 await self._reachability.wait(ERRORS.text(exc.__cause__ or exc))
                 continue  # told once; the stream goes on
@@ -176,7 +176,7 @@ class PubSubStreamProducer(SharedStreamProducer):
             empty = 0
             yield batch
 
-    async def _pull(self, max_messages: int) -> list[tuple[Any, Any]]:
+    async def _pull(self, max_messages: int) -> list[tuple[PubSubMessage, PubSubDelivery]]:
         number = self._lanes.stamp()
         sent_at = time.monotonic()
         self.api_calls += 1
@@ -197,7 +197,7 @@ class PubSubStreamProducer(SharedStreamProducer):
         self.delivered += len(pulled)
         return [(d.message, d) for d in pulled]
 
-    async def _take_parked(self) -> list[tuple[Any, Any]]:
+    async def _take_parked(self) -> list[tuple[PubSubMessage, PubSubDelivery]]:
         """Take over the leases a closed producer of this subscription kept, in order."""
         taken, _ = await self._lot.take_over(self._renew, self.takeover_margin)
         self.taken_over += len(taken)
@@ -214,17 +214,16 @@ class PubSubStreamProducer(SharedStreamProducer):
                 self._outstanding[delivery.ack_id] = delivery
         return leases
 
-    def get_advance_lane(self, broker_payload: Any) -> Hashable:
-        delivery: PubSubDelivery = broker_payload
+    def get_advance_lane(self, delivery: PubSubDelivery) -> Hashable:
         key = delivery.ordering_key
         return ("key", key) if key else delivery
 
-    def message_id(self, broker_payload: Any) -> str | None:
-        return identity(self.topic, self.subscription, broker_payload)
+    def message_id(self, delivery: PubSubDelivery) -> str | None:
+        return delivery.message.message_id  # made when it was pulled (identity_of)
 
     # --------------------------------------------------------------- advance
 
-    async def advance(self, batch: Sequence[AdvanceItem]) -> None:
+    async def advance(self, batch: Sequence[AdvanceItem[PubSubDelivery]]) -> None:
         self._tasks.raise_failure()
         plan = self._lanes.plan(
             LaneEntry(self._lane(item.broker_payload), item.broker_payload.pull, verdict(o), item)
@@ -260,7 +259,7 @@ class PubSubStreamProducer(SharedStreamProducer):
         self._settled(delivery)
         self._acks.add("ack", delivery.ack_id)  # the flusher lingers for company, then sends
 
-    async def _nack(self, items: list[AdvanceItem]) -> None:
+    async def _nack(self, items: list[AdvanceItem[PubSubDelivery]]) -> None:
         """Let Pub/Sub deliver them again (now, or after the backoff); acks of earlier
         messages go first, and the keys stay held until the nacks landed."""
         if not items:
@@ -282,7 +281,10 @@ class PubSubStreamProducer(SharedStreamProducer):
                 self._lanes.landed(self._lane(item.broker_payload))
 
     async def _dead_letter(
-        self, delivery: PubSubDelivery, outcome: AdvanceOutcome, nacks: list[AdvanceItem]
+        self,
+        delivery: PubSubDelivery,
+        outcome: AdvanceOutcome,
+        nacks: list[AdvanceItem[PubSubDelivery]],
     ) -> None:
         topic, reason = self.config.dead_letter_topic_path, outcome_reason(outcome)
         if topic is None:
@@ -380,7 +382,7 @@ class PubSubStreamProducer(SharedStreamProducer):
     def counters(self) -> Mapping[str, float]:
         return {
             Action.DELIVERED: self.delivered,
-            Action.DELETED: self.acked,
+            Action.ACKED: self.acked,
             Action.REDELIVERED: self.nacked,
             Action.HELD: self.held,
             **self._dead_letters.counters(),

@@ -2,7 +2,7 @@
 
 Its topic (a copy's origin, the messages' identity), its ack deadline (the first
 lease of a pulled message), its dead-letter policy (a reject without
-``dead_letter_topic`` is nacked for it to move), whether it orders by key. Without
+``dead_letter`` is nacked for it to move), whether it orders by key. Without
 the permission to read it, the stream goes on assuming the safe answers: the
 shortest deadline, no policy, ordered delivery.
 """
@@ -18,13 +18,12 @@ from acklane.core.connectors import Reachability
 from acklane.core.errors import ReceiveError
 
 from ._check import ERRORS, grpc_code
-from ._message import PubSubDelivery, PubSubMessage
+from ._message import PubSubDelivery, PubSubMessage, publish_stamp_of
 
 __all__ = [
     "DEFAULT_ACK_DEADLINE",
     "SubscriptionFacts",
     "deliveries",
-    "identity",
     "read_subscription",
 ]
 
@@ -90,7 +89,6 @@ def deliveries(
     """The deliveries of a ``PullResponse``: pull number ``pull``, sent at ``sent_at``."""
     pulled = []
     for received in response.received_messages:
-        stamp = received.message.publish_time
         pulled.append(
             PubSubDelivery(
                 message=PubSubMessage.from_received(subscription, topic, received),
@@ -98,17 +96,7 @@ def deliveries(
                 pull=pull,
                 received_at=sent_at,
                 lease_until=lease_until,
-                publish_stamp=stamp.rfc3339() if hasattr(stamp, "rfc3339") else str(stamp),
+                publish_stamp=publish_stamp_of(received),
             )
         )
     return pulled
-
-
-def identity(topic: str, subscription: str, delivery: PubSubDelivery) -> str:
-    """``pubsub:<project>/<topic>/<message id>@<publish time>``: the event store's key."""
-    if topic.startswith("projects/"):
-        _, project, _, name = topic.split("/", 3)
-        where = f"{project}/{name}"
-    else:  # the topic is unknown (or deleted): the subscription names the stream
-        where = f"subscription:{subscription.removeprefix('projects/')}"
-    return f"pubsub:{where}/{delivery.message_id}@{delivery.publish_stamp}"

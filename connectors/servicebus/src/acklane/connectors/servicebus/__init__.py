@@ -1,20 +1,29 @@
 """acklane's Azure Service Bus connector (azure-servicebus >= 7.15).
 
-``connector: servicebus`` in a stream's YAML block; :class:`ServiceBusTrigger` for
-watchers written in Python. See ``docs/connectors/servicebus.md``.
+``connector: servicebus`` in a stream's YAML block; :class:`ServiceBusMessageTrigger`
+for watchers written in Python. See ``docs/connectors/servicebus.md``.
 """
+
+from acklane.core.deprecation import old_names
 
 from ._config import ServiceBusConfig, namespace_of
 from ._connector import ServiceBusConnector
-from ._producer import ServiceBusDelivery, ServiceBusRecord, ServiceBusStreamProducer
-from ._trigger import ServiceBusTrigger
+from ._message import ServiceBusMessage
+from ._producer import ServiceBusDelivery, ServiceBusStreamProducer
+from ._trigger import ServiceBusMessageTrigger
 
 __all__ = [
     "ServiceBusConfig",
     "ServiceBusConnector",
     "ServiceBusDelivery",
-    "ServiceBusRecord",
+    "ServiceBusMessage",
+    "ServiceBusMessageTrigger",
     "ServiceBusStreamProducer",
-    "ServiceBusTrigger",
     "namespace_of",
 ]
+
+#: Names of earlier releases: still importable, with a DeprecationWarning.
+__getattr__ = old_names(
+    __name__,
+    {"ServiceBusTrigger": ServiceBusMessageTrigger, "ServiceBusRecord": ServiceBusMessage},
+)

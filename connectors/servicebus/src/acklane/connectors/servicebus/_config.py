@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Hashable
-from typing import TYPE_CHECKING, Any, Literal, Self
+from collections.abc import Hashable, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import ConfigDict, Field, SecretStr, field_validator, model_validator
 
-from acklane.core.pipeline.poison import DEFAULT_MAX_ATTEMPTS, MaxAttempts
+from acklane.core.connectors import HeartbeatSettings, StreamSettings
 
 if TYPE_CHECKING:
     from azure.servicebus.aio import ServiceBusClient
@@ -27,17 +27,22 @@ def namespace_of(connection_string: str) -> str:
     return match.group(1).strip().lower()
 
 
-class ServiceBusConfig(BaseModel):
+class ServiceBusConfig(StreamSettings):
     """One Service Bus stream: a queue, or a topic's subscription, and how to consume it.
 
     The namespace (from ``connection_string`` or ``fully_qualified_namespace``) and the
     entity (``queue``, or ``topic`` + ``subscription``) pick the upstream and form the
     shared stream key; everything else is tuning. Write the connection string as
-    ``${ENV_VAR}``: it holds the key, and is never printed.
+    ``${ENV_VAR}``: it holds the key, and is never printed. Rejected messages go to
+    the entity's own dead-letter sub-queue, so ``dead_letter`` is not set here.
     """
 
     # hide_input_in_errors: a refused block must not print its connection string.
     model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
+    renamed: ClassVar[Mapping[str, str]] = {
+        "max_batch": "batch_size",
+        "renew_interval": "heartbeat.interval",
+    }
 
     connection_string: SecretStr | None = None
     fully_qualified_namespace: str | None = None
@@ -57,23 +62,31 @@ class ServiceBusConfig(BaseModel):
     session_idle_timeout: float = Field(default=5.0, gt=0)
     prefetch: int = Field(default=20, ge=0, le=10_000)
     #: Most messages per receive call.
-    max_batch: int = Field(default=20, ge=1, le=1000)
+    batch_size: int = Field(default=20, ge=1, le=1000)
     #: Seconds a receive call waits for a first message.
     max_wait_time: float = Field(default=5.0, gt=0, le=300)
     #: Seconds a message's lock is renewed at most (then it may lapse: redelivery).
     max_lock_renewal: float = Field(default=3600.0, ge=0)
-    #: Seconds between lock-renewal passes (default: a quarter of the first lock seen).
-    renew_interval: float | None = Field(default=None, gt=0)
+    #: The lock renewal: ``interval`` seconds between passes (default: a quarter of
+    #: the shortest lock held, at most 5 s).
+    heartbeat: HeartbeatSettings = Field(default_factory=HeartbeatSettings)
     #: Passed to ``ServiceBusClient`` as keyword arguments (``retry_total``, ...).
     client_options: dict[str, Any] = Field(default_factory=dict)
-    #: Failed attempts (a filter raised, an ack timeout) after which a redelivered
-    #: message is dead-lettered instead of given to the watchers again.
-    max_attempts: MaxAttempts = DEFAULT_MAX_ATTEMPTS
 
     @field_validator("connection_string", "fully_qualified_namespace", mode="before")
     @classmethod
     def _empty_is_unset(cls, value: Any) -> Any:
         return None if value == "" else value
+
+    @field_validator("dead_letter")
+    @classmethod
+    def _no_other_dead_letter_destination(cls, value: str | None) -> str | None:
+        if value is not None:
+            raise ValueError(
+                "Service Bus dead-letters into the entity's own dead-letter sub-queue "
+                "(<entity>/$deadletterqueue); there is no other destination to set: remove it"
+            )
+        return value
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:

@@ -3,7 +3,7 @@
 Every outstanding message's lock (a session's messages: their session's lock) is
 renewed when it lapses within two beats, until the engine resolves the message
 or ``max_lock_renewal`` passed; the beat is a quarter of the shortest lock held
-(``renew_interval`` when set). A lost lock is counted: Service Bus delivers the
+(``heartbeat.interval`` when set). A lost lock is counted: Service Bus delivers the
 message again. At close, messages of sessionless receivers the engine never
 resolved are abandoned (delivered again now, not when their locks lapse).
 """

@@ -1,4 +1,5 @@
-"""A received Service Bus message as filters see it, and the payload that settles it."""
+"""A received Service Bus message as filters see it, its identity, and the payload that
+settles it."""
 
 from __future__ import annotations
 
@@ -11,16 +12,42 @@ from azure.servicebus.aio import ServiceBusReceiver
 
 from acklane.core.message import RawMessage
 
-__all__ = ["ServiceBusDelivery", "ServiceBusRecord"]
+__all__ = ["ServiceBusDelivery", "ServiceBusMessage", "identity_of"]
+
+
+def identity_of(namespace: str, entity: str, message: Any) -> str:
+    """``servicebus:<namespace>/<entity>/<sequence number>@<enqueued time>``: a
+    received message's identity (sequence numbers restart on a recreated entity, the
+    enqueued time tells the two apart; the sender's ``MessageId`` may repeat)."""
+    enqueued = message.enqueued_time_utc
+    stamp = enqueued.isoformat(timespec="milliseconds") if enqueued is not None else "-"
+    return f"servicebus:{namespace}/{entity.lower()}/{message.sequence_number}@{stamp}"
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    return str(value)
+
+
+def _body(body: Any) -> bytes:
+    if isinstance(body, bytes):
+        return body
+    if isinstance(body, str):
+        return body.encode()
+    return b"".join(part if isinstance(part, bytes) else str(part).encode() for part in body)
 
 
 @dataclass(slots=True)
-class ServiceBusRecord(RawMessage):
-    """One received message, as filters see it: the raw record's fields.
+class ServiceBusMessage(RawMessage):
+    """One received Service Bus message, as filters see it.
 
-    ``attributes`` are the application properties as strings; ``key`` the session id;
-    ``message_id`` the sender's ``MessageId``; ``delivery_attempt`` the delivery count
-    (0 on the first delivery).
+    ``attributes`` are the application properties as strings
+    (``application_properties`` keeps their types); ``key`` the session id;
+    ``message_id`` the message's identity (:func:`identity_of`), and
+    ``broker_message_id`` the sender's ``MessageId``; ``delivery_attempt`` the
+    delivery count (0 on the first delivery); ``native`` the SDK's
+    ``ServiceBusReceivedMessage``.
     """
 
     sequence_number: int = 0
@@ -33,25 +60,19 @@ class ServiceBusRecord(RawMessage):
         return self.delivery_attempt or 0
 
     @classmethod
-    def from_received(cls, entity: str, message: Any) -> ServiceBusRecord:
-        """The record of an SDK ``ServiceBusReceivedMessage`` received from ``entity``."""
+    def from_received(cls, message: Any, identity: str, entity: str) -> ServiceBusMessage:
+        """Build from one ``ServiceBusReceivedMessage`` of ``entity``."""
         props = {_text(k): v for k, v in (message.application_properties or {}).items()}
-        body = message.body
-        if isinstance(body, str):
-            data = body.encode()
-        elif isinstance(body, bytes):
-            data = body
-        else:  # a generator of sections
-            data = b"".join(p if isinstance(p, bytes) else str(p).encode() for p in body)
         return cls(
-            body=data,
+            body=_body(message.body),
             attributes={k: _text(v) for k, v in props.items()},
             key=message.session_id,
-            message_id=None if message.message_id is None else str(message.message_id),
+            message_id=identity,
             publish_time=message.enqueued_time_utc,
             delivery_attempt=message.delivery_count or 0,
             source=entity,
             native=message,
+            broker_message_id=None if message.message_id is None else str(message.message_id),
             sequence_number=int(message.sequence_number or 0),
             enqueued_time=message.enqueued_time_utc,
             session_id=message.session_id,
@@ -69,9 +90,3 @@ class ServiceBusDelivery:
     session_id: str | None
     received_at: float
     settled: bool = False
-
-
-def _text(value: Any) -> str:
-    if isinstance(value, bytes):
-        return value.decode("utf-8", errors="replace")
-    return str(value)

@@ -11,8 +11,8 @@ A receive returns once it has the count asked for; short of it, only after a
 pause in the transfers that the SDK notices with a read timing out (its socket
 timeout, 0.2 s) past ``max_wait_time`` or 0.2 s after the first message. So
 receives ask for one message (it returns the moment one arrives) until a
-backlog shows, as ``max_batch`` receives of one in a row that each found their
-message there; then for ``max_batch`` (fewer calls) until a batch comes short
+backlog shows, as ``batch_size`` receives of one in a row that each found their
+message there; then for ``batch_size`` (fewer calls) until a batch comes short
 (:meth:`ReceivePacing.count`). And while a receiver has messages the engine
 holds, a receive waits at most ``busy_wait``: their settlements should not wait
 behind a long empty receive.
@@ -48,7 +48,7 @@ class ReceivePacing:
         return lock
 
     def count(self, receiver: Hashable) -> int:
-        """How many messages the next receive asks for: 1, or ``max_batch`` in a backlog."""
+        """How many messages the next receive asks for: 1, or ``batch_size`` in a backlog."""
         batch = self.max_batch
         return batch if self._streak.get(receiver, 0) >= batch else 1
 

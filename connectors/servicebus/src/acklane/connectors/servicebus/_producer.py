@@ -30,11 +30,11 @@ from acklane.core.producer import AdvanceItem, SharedStreamProducer
 from ._check import ERRORS, UNREACHABLE
 from ._config import ServiceBusConfig
 from ._locks import abandon, lock_interval, renew_due
-from ._message import ServiceBusDelivery, ServiceBusRecord
+from ._message import ServiceBusDelivery, ServiceBusMessage, identity_of
 from ._pacing import ReceivePacing
 from ._settling import Settlement, settle
 
-__all__ = ["ServiceBusDelivery", "ServiceBusRecord", "ServiceBusStreamProducer"]
+__all__ = ["ServiceBusDelivery", "ServiceBusStreamProducer"]
 
 log = logging.getLogger("acklane.connectors.servicebus")
 
@@ -50,7 +50,7 @@ class ServiceBusConnectorError(ReceiveError):
     """The namespace or the entity cannot be used."""
 
 
-class ServiceBusStreamProducer(SharedStreamProducer):
+class ServiceBusStreamProducer(SharedStreamProducer[ServiceBusDelivery]):
     """One group's poll of one queue or subscription, with the async ``azure-servicebus`` SDK.
 
     Lanes: the session id on session-enabled entities (a failed message holds its
@@ -72,7 +72,7 @@ class ServiceBusStreamProducer(SharedStreamProducer):
         self._receivers: set[ServiceBusReceiver] = set()
         #: Open session receivers, each with the event that lets its session go.
         self._sessions: dict[ServiceBusReceiver, asyncio.Event] = {}
-        self._queue: asyncio.Queue[tuple[ServiceBusRecord, ServiceBusDelivery] | BaseException]
+        self._queue: asyncio.Queue[tuple[ServiceBusMessage, ServiceBusDelivery] | BaseException]
         self._queue = asyncio.Queue()
         self._tasks = kit.ProducerTasks(config.describe(), logger=log)
         self._tasks.on_failure(self._queue.put_nowait)  # the stream raises it at once
@@ -83,7 +83,7 @@ class ServiceBusStreamProducer(SharedStreamProducer):
         #: A session receiver behind a failed message is held: none of it is settled.
         self._lanes: kit.OrderedLanes[ServiceBusReceiver] = kit.OrderedLanes()
         #: One user of a receiver's connection at a time, and how much a receive asks for.
-        self._pacing = ReceivePacing(config.max_batch, config.max_wait_time, _BUSY_WAIT)
+        self._pacing = ReceivePacing(config.batch_size, config.max_wait_time, _BUSY_WAIT)
         self._opened = False
         self._closed = False
         # Whether the namespace answers, told once per change (broker_problem, /readyz).
@@ -110,7 +110,7 @@ class ServiceBusStreamProducer(SharedStreamProducer):
 
     async def open_stream(
         self,
-    ) -> AsyncGenerator[tuple[ServiceBusRecord, ServiceBusDelivery], None]:
+    ) -> AsyncGenerator[tuple[ServiceBusMessage, ServiceBusDelivery], None]:
         if self._opened:
             raise RuntimeError(f"{self.config.describe()}: open_stream() may be called once")
         self._opened = True
@@ -256,26 +256,20 @@ class ServiceBusStreamProducer(SharedStreamProducer):
                 message, receiver, self._identity(message), session_id, now
             )
             self._outstanding[id(delivery)] = delivery
-            self._queue.put_nowait((ServiceBusRecord.from_received(entity, message), delivery))
+            record = ServiceBusMessage.from_received(message, delivery.identity, entity)
+            self._queue.put_nowait((record, delivery))
         return len(messages)
 
     def _identity(self, message: Any) -> str:
-        enqueued = message.enqueued_time_utc
-        stamp = enqueued.isoformat(timespec="milliseconds") if enqueued is not None else "-"
-        return (
-            f"servicebus:{self.config.namespace}/{self.config.entity.lower()}/"
-            f"{message.sequence_number}@{stamp}"
-        )
+        return identity_of(self.config.namespace, self.config.entity, message)
 
-    def get_advance_lane(self, broker_payload: Any) -> Hashable:
-        delivery: ServiceBusDelivery = broker_payload
+    def get_advance_lane(self, delivery: ServiceBusDelivery) -> Hashable:
         if self.config.sessions:
             return ("session", delivery.session_id)
         return delivery.identity
 
-    def message_id(self, broker_payload: Any) -> str | None:
+    def message_id(self, delivery: ServiceBusDelivery) -> str | None:
         """``servicebus:<namespace>/<entity>/<sequence number>@<enqueued time>``."""
-        delivery: ServiceBusDelivery = broker_payload
         return delivery.identity
 
     @property
@@ -288,20 +282,21 @@ class ServiceBusStreamProducer(SharedStreamProducer):
     def counters(self) -> Mapping[str, float]:
         return {
             Action.DELIVERED: self.delivered,
-            Action.DELETED: self.completed,
-            Action.REDELIVERED: self.abandoned + self.lock_lost,
+            Action.COMPLETED: self.completed,
+            Action.REDELIVERED: self.abandoned,
+            Action.LEASE_LOST: self.lock_lost,
             Action.DEAD_LETTERED: self.dead_lettered,
             Action.EXTENDED: self.renewed,
         }
 
     # ----------------------------------------------------------------- advance
 
-    async def advance(self, batch: Sequence[AdvanceItem]) -> None:
+    async def advance(self, batch: Sequence[AdvanceItem[ServiceBusDelivery]]) -> None:
         """Queue each resolved message's settlement; the settle buffer sends them."""
         self._tasks.raise_failure()
         entries = []
         for item in batch:
-            delivery: ServiceBusDelivery = item.broker_payload
+            delivery = item.broker_payload
             self._outstanding.pop(id(delivery), None)
             if not delivery.settled:  # else let go with its session, or abandoned at close
                 lane = delivery.receiver if delivery.session_id is not None else None
@@ -350,7 +345,7 @@ class ServiceBusStreamProducer(SharedStreamProducer):
                 queue.popleft()
 
     def _count(self, done: str) -> None:
-        if done == Action.DELETED:
+        if done == Action.COMPLETED:
             self.completed += 1
         elif done == Action.DEAD_LETTERED:
             self.dead_lettered += 1
@@ -389,8 +384,8 @@ class ServiceBusStreamProducer(SharedStreamProducer):
     # ------------------------------------------------------------------- renew
 
     def _interval(self) -> float:
-        """``renew_interval``, else a beat for the shortest lock held (read each beat)."""
-        return self.config.renew_interval or lock_interval(
+        """``heartbeat.interval``, else a beat for the shortest lock held (read each beat)."""
+        return self.config.heartbeat.interval or lock_interval(
             self._outstanding.values(), self._sessions
         )
 

@@ -46,7 +46,7 @@ async def settle(settlement: Settlement, open_receivers: Container[object], desc
         match settlement.verdict:
             case Verdict.COMMIT:
                 await receiver.complete_message(message)
-                return Action.DELETED
+                return Action.COMPLETED
             case Verdict.DEAD_LETTER:
                 reason = settlement.reason
                 await receiver.dead_letter_message(

@@ -7,10 +7,10 @@ from acklane.core.connectors import ConnectorTrigger
 from ._config import ServiceBusConfig
 from ._connector import ServiceBusConnector
 
-__all__ = ["ServiceBusTrigger"]
+__all__ = ["ServiceBusMessageTrigger"]
 
 
-class ServiceBusTrigger(ConnectorTrigger[ServiceBusConfig]):
+class ServiceBusMessageTrigger(ConnectorTrigger[ServiceBusConfig]):
     """A watcher of one queue or subscription; override ``filter_shared_stream``."""
 
     connector_class = ServiceBusConnector

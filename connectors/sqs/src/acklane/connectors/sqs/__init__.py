@@ -4,7 +4,9 @@
 watchers written in Python. See ``docs/connectors/sqs.md``.
 """
 
-from ._config import MAX_VISIBILITY_TIMEOUT, HeartbeatSettings, RedeliveryBackoff, SqsConfig
+from acklane.core.deprecation import old_names
+
+from ._config import MAX_VISIBILITY_TIMEOUT, RedeliveryBackoff, SqsConfig, SqsHeartbeat
 from ._connector import SqsConnector
 from ._message import SqsDelivery, SqsMessage
 from ._producer import (
@@ -20,14 +22,17 @@ __all__ = [
     "DEAD_LETTER_ATTRIBUTES",
     "MAX_VISIBILITY_TIMEOUT",
     "PACKED_ATTRIBUTES",
-    "HeartbeatSettings",
     "RedeliveryBackoff",
     "SqsAdvanceError",
     "SqsConfig",
     "SqsConnector",
     "SqsConnectorError",
     "SqsDelivery",
+    "SqsHeartbeat",
     "SqsMessage",
     "SqsMessageTrigger",
     "SqsStreamProducer",
 ]
+
+#: Names of earlier releases: still importable, with a DeprecationWarning.
+__getattr__ = old_names(__name__, {"HeartbeatSettings": SqsHeartbeat})

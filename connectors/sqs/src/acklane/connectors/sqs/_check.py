@@ -172,7 +172,7 @@ async def check_connection(config: SqsConfig, call_timeout: float) -> str:
             AttributeNames=["QueueArn", "RedrivePolicy", "FifoQueue"],
         )
         found = f"queue {attributes.get('QueueArn') or url} readable"
-        dlq, dlq_field = config.dead_letter_queue_url, "dead_letter_queue_url"
+        dlq, dlq_field = config.dead_letter, "dead_letter"
         if dlq is None and attributes.get("RedrivePolicy"):
             try:
                 arn = str(json.loads(attributes["RedrivePolicy"])["deadLetterTargetArn"])

@@ -2,27 +2,19 @@
 
 from __future__ import annotations
 
-import math
 import re
-from collections.abc import Hashable
-from typing import Any, Self
+from collections.abc import Hashable, Mapping
+from typing import Any, ClassVar, Self
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    SecretStr,
-    field_validator,
-    model_validator,
-)
+from pydantic import Field, SecretStr, field_validator, model_validator
 
-from acklane.core.pipeline.poison import DEFAULT_MAX_ATTEMPTS, MaxAttempts
+from acklane.core.connectors import HeartbeatSettings, LeaseStreamSettings, RedeliveryBackoff
 
 __all__ = [
     "MAX_VISIBILITY_TIMEOUT",
-    "HeartbeatSettings",
     "RedeliveryBackoff",
     "SqsConfig",
+    "SqsHeartbeat",
 ]
 
 #: SQS's cap on a message's total invisibility, counted from its receipt (12 hours).
@@ -31,52 +23,18 @@ MAX_VISIBILITY_TIMEOUT = 43_200
 _AWS_QUEUE_URL = re.compile(r"^https?://sqs[.-]([a-z0-9-]+)\.(?:amazonaws\.com|api\.aws)(?:\.cn)?/")
 
 
-class RedeliveryBackoff(BaseModel):
-    """How long a failed message stays invisible before it is redelivered.
-
-    The delay grows with the message's receive count: ``base * multiplier **
-    (receive_count - 1)`` seconds, capped at ``max``. ``base: 0`` (the default)
-    makes failed messages visible again at once. A plain number is read as ``base``.
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    base: float = Field(default=0.0, ge=0, le=MAX_VISIBILITY_TIMEOUT)
-    multiplier: float = Field(default=2.0, ge=1.0)
-    max: float = Field(default=900.0, ge=0, le=MAX_VISIBILITY_TIMEOUT)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _number_is_base(cls, data: Any) -> Any:
-        if isinstance(data, int | float) and not isinstance(data, bool):
-            return {"base": data}
-        return data
-
-    def delay(self, receive_count: int) -> int:
-        """Whole seconds of invisibility for a message received ``receive_count`` times."""
-        if self.base <= 0:
-            return 0
-        exponent = max(receive_count, 1) - 1
-        try:
-            seconds = self.base * self.multiplier**exponent
-        except OverflowError:
-            seconds = self.max
-        return math.ceil(min(seconds, self.max))
-
-
-class HeartbeatSettings(BaseModel):
+class SqsHeartbeat(HeartbeatSettings):
     """The visibility heartbeat of outstanding (pulled, not yet advanced) messages.
 
     Every ``interval`` seconds, messages whose visibility ends within two
     intervals are made invisible for ``extension`` more seconds (never past
     SQS's 12-hour cap). Both default from the queue's visibility timeout:
     ``interval`` = a quarter of it (and never more), ``extension`` = all of it.
+    ``enabled: false`` turns it off (a watcher slower than the visibility timeout
+    then sees its message redelivered).
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
     enabled: bool = True
-    interval: float | None = Field(default=None, gt=0)
     extension: int | None = Field(default=None, ge=1, le=MAX_VISIBILITY_TIMEOUT)
 
     @model_validator(mode="after")
@@ -104,7 +62,7 @@ class HeartbeatSettings(BaseModel):
         return max(interval, 0.05), extension
 
 
-class SqsConfig(BaseModel):
+class SqsConfig(LeaseStreamSettings):
     """One SQS stream: which queue, how to reach it, and how to consume it.
 
     ``queue_url``, or ``queue_name`` (plus ``account_id`` for another account's
@@ -112,9 +70,17 @@ class SqsConfig(BaseModel):
     shared stream key; every other field is tuning. Credentials come the usual
     AWS ways: the default chain (environment, shared files, instance role), a
     named ``profile``, or explicit keys (write them as ``${ENV_VAR}``).
+    ``dead_letter`` is the dead-letter queue's URL (default: the queue's redrive
+    target); the other shared settings are :class:`LeaseStreamSettings`'.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    renamed: ClassVar[Mapping[str, str]] = {
+        "dead_letter_queue_url": "dead_letter",
+        "max_messages": "batch_size",
+    }
+    broker_defaults: ClassVar[Mapping[str, Any]] = {"advance_linger": 0.1}
+    longest_lease: ClassVar[float] = MAX_VISIBILITY_TIMEOUT
+    broker_name: ClassVar[str] = "SQS"
 
     queue_url: str | None = None
     queue_name: str | None = None
@@ -129,22 +95,11 @@ class SqsConfig(BaseModel):
 
     visibility_timeout: int | None = Field(default=None, ge=1, le=MAX_VISIBILITY_TIMEOUT)
     wait_time_seconds: int = Field(default=20, ge=0, le=20)
-    max_messages: int = Field(default=10, ge=1, le=10)
-    dead_letter_queue_url: str | None = None
-    redelivery_backoff: RedeliveryBackoff = Field(default_factory=RedeliveryBackoff)
-    heartbeat: HeartbeatSettings = Field(default_factory=HeartbeatSettings)
-    #: Seconds a partial batch of deletes / visibility changes waits for company.
-    advance_linger: float = Field(default=0.1, ge=0, le=5)
+    #: Messages asked for per ``ReceiveMessage`` (1 to 10).
+    batch_size: int = Field(default=10, ge=1, le=10)
+    heartbeat: SqsHeartbeat = Field(default_factory=SqsHeartbeat)
     #: Attempts for batch entries SQS reports as failed (not for vanished handles).
     entry_retries: int = Field(default=5, ge=1, le=20)
-    #: Seconds a closing producer keeps the messages the engine never resolved
-    #: invisible, for the next producer of the queue in this process to take over
-    #: without a new receive (which would raise their receive count). 0 releases
-    #: them at once (so does a hold too short for a take-over, 5 seconds or less).
-    restart_lease_hold: int = Field(default=60, ge=0, le=MAX_VISIBILITY_TIMEOUT)
-    #: Failed attempts (a filter raised, an ack timeout) after which a redelivered
-    #: message is dead-lettered instead of given to the watchers again.
-    max_attempts: MaxAttempts = DEFAULT_MAX_ATTEMPTS
 
     @field_validator(
         "region",
@@ -153,7 +108,6 @@ class SqsConfig(BaseModel):
         "aws_access_key_id",
         "aws_secret_access_key",
         "aws_session_token",
-        "dead_letter_queue_url",
         mode="before",
     )
     @classmethod
@@ -161,7 +115,7 @@ class SqsConfig(BaseModel):
         """``${VAR:-}`` with VAR unset gives ``""``: read it as "not given"."""
         return None if value == "" else value
 
-    @field_validator("queue_url", "endpoint_url", "dead_letter_queue_url")
+    @field_validator("queue_url", "endpoint_url", "dead_letter")
     @classmethod
     def _http_url(cls, value: str | None) -> str | None:
         if value is not None and not re.match(r"^https?://[^/\s]+", value):

@@ -16,7 +16,7 @@ import asyncio
 import base64
 import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from botocore.exceptions import ClientError
@@ -157,7 +157,7 @@ def fit_reason(entry: dict[str, Any], limit: int) -> dict[str, Any] | None:
 
 def dead_letter_entry(
     body: str,
-    attributes: dict[str, Any],
+    attributes: Mapping[str, Mapping[str, Any]],
     *,
     queue_url: str,
     message_id: str,

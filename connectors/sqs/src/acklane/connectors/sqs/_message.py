@@ -23,8 +23,9 @@ class SqsMessage(RawMessage):
     ``system_attributes`` holds SQS's own (``SentTimestamp``, ``SequenceNumber``...).
     ``key`` is the FIFO ``MessageGroupId``; ``delivery_attempt`` is
     ``ApproximateReceiveCount``; ``native`` is the message dict from ``ReceiveMessage``.
-    ``message_id`` is SQS's ``MessageId``; the event store's identity of the message
-    is the producer's ``message_id()``, which prefixes it with the queue's ARN.
+    ``message_id`` is the message's identity, ``<queue ARN>/<MessageId>`` (the event
+    store's, the producer's ``message_id()``); ``broker_message_id`` (also
+    ``sqs_message_id``) is SQS's own ``MessageId``.
     """
 
     queue_url: str = ""
@@ -46,17 +47,29 @@ class SqsMessage(RawMessage):
         """The FIFO sequence number, ``None`` on standard queues."""
         return self.system_attributes.get("SequenceNumber")
 
+    @property
+    def sqs_message_id(self) -> str:
+        """SQS's ``MessageId`` of the message."""
+        return self.broker_message_id or ""
+
     @classmethod
-    def from_sqs(cls, queue_url: str, message: Mapping[str, Any]) -> SqsMessage:
-        """Build from one entry of a ``ReceiveMessage`` response."""
+    def from_sqs(
+        cls, queue_url: str, message: Mapping[str, Any], identity: str | None = None
+    ) -> SqsMessage:
+        """Build from one entry of a ``ReceiveMessage`` response.
+
+        ``identity`` names the queue in ``message_id`` (its ARN; the URL when not given).
+        """
         system = {str(k): str(v) for k, v in (message.get("Attributes") or {}).items()}
         typed = dict(message.get("MessageAttributes") or {})
         sent = system.get("SentTimestamp")
+        native_id = str(message["MessageId"])
         return cls(
             body=str(message.get("Body", "")).encode("utf-8"),
             attributes={name: _flatten(value) for name, value in typed.items()},
             key=system.get("MessageGroupId"),
-            message_id=message["MessageId"],
+            message_id=f"{identity or queue_url}/{native_id}",
+            broker_message_id=native_id,
             publish_time=datetime.fromtimestamp(int(sent) / 1000, UTC) if sent else None,
             delivery_attempt=int(system.get("ApproximateReceiveCount", "1")),
             source=queue_url,
@@ -100,8 +113,8 @@ class SqsDelivery:
 
     @property
     def message_id(self) -> str:
-        assert self.message.message_id is not None
-        return self.message.message_id
+        """SQS's ``MessageId`` (the message's identity is ``message.message_id``)."""
+        return self.message.sqs_message_id
 
     @property
     def group_id(self) -> str | None:

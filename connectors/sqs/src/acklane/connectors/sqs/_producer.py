@@ -88,7 +88,7 @@ class _Pending:
     visibility: int = 0  # for releases: seconds of invisibility before redelivery
 
 
-class SqsStreamProducer(SharedStreamProducer):
+class SqsStreamProducer(SharedStreamProducer[SqsDelivery]):
     """One group's poll of one SQS queue, with aioboto3.
 
     Lanes: the ``MessageGroupId`` on FIFO queues (order kept per group), the
@@ -144,7 +144,7 @@ class SqsStreamProducer(SharedStreamProducer):
             self._send, batch=BATCH, limit=_BUFFER_LIMIT, linger=self._linger, order=_ACTIONS
         )
         self._dead_letters = DeadLetterStep(
-            "SQS", config.describe(), None, "dead_letter_queue_url", logger=log,
+            "SQS", config.describe(), None, "dead_letter", logger=log,
             refused_error=_Refused, failed_error=SqsAdvanceError,
         )  # fmt: skip
         self._visibility_lock = asyncio.Lock()  # orders releases after heartbeat extensions
@@ -255,7 +255,7 @@ class SqsStreamProducer(SharedStreamProducer):
         cfg = self.config
         request: dict[str, Any] = {
             "QueueUrl": self.queue_url,
-            "MaxNumberOfMessages": cfg.max_messages,
+            "MaxNumberOfMessages": cfg.batch_size,
             "WaitTimeSeconds": cfg.wait_time_seconds,
             "MessageAttributeNames": ["All"],
             "MessageSystemAttributeNames": SYSTEM_ATTRIBUTES,
@@ -284,7 +284,7 @@ class SqsStreamProducer(SharedStreamProducer):
         received = []
         for raw in response.get("Messages", ()):
             delivery = SqsDelivery(
-                message=SqsMessage.from_sqs(self.queue_url or "", raw),
+                message=SqsMessage.from_sqs(self.queue_url or "", raw, self._identity),
                 receipt_handle=raw["ReceiptHandle"],
                 received_at=started,
                 visible_until=started + self.visibility_timeout,
@@ -374,7 +374,7 @@ class SqsStreamProducer(SharedStreamProducer):
 
     # ----------------------------------------------------------------- advance
 
-    async def advance(self, batch: Sequence[AdvanceItem]) -> None:
+    async def advance(self, batch: Sequence[AdvanceItem[SqsDelivery]]) -> None:
         self._tasks.raise_failure()
         plan = self._lanes.plan(
             LaneEntry(self._lane(d), d.stamp, verdict(item.outcome), item)
@@ -419,7 +419,7 @@ class SqsStreamProducer(SharedStreamProducer):
         self._lanes.hold(self._lane(delivery))
         self._lanes.landed(self._lane(delivery))
 
-    async def _dead_letter(self, rejects: list[AdvanceItem]) -> None:
+    async def _dead_letter(self, rejects: list[AdvanceItem[SqsDelivery]]) -> None:
         """Copy rejects to the dead-letter queue, then delete them; a reject never copied
         is never deleted: it is released (it comes back) and the group fails."""
         dlq = self.dead_letter_queue_url
@@ -477,21 +477,19 @@ class SqsStreamProducer(SharedStreamProducer):
             errors[0].args = (f"{errors[0]}{more}",)
             raise errors[0]
 
-    def get_advance_lane(self, broker_payload: Any) -> Hashable:
-        delivery: SqsDelivery = broker_payload
+    def get_advance_lane(self, delivery: SqsDelivery) -> Hashable:
         if self.is_fifo:
             return delivery.group_id
         return delivery.message_id
 
-    def message_id(self, broker_payload: Any) -> str | None:
+    def message_id(self, delivery: SqsDelivery) -> str | None:
         """``<queue ARN>/<MessageId>``: the message's identity for the event store.
 
         ``MessageId`` alone is only "unique for an extended period", and SQS's own
         redrive keeps it when it moves a message to the dead-letter queue; the ARN
         (the URL when the attributes cannot be read) makes it one queue's message.
         """
-        delivery: SqsDelivery = broker_payload
-        return f"{self._identity}/{delivery.message_id}"
+        return delivery.message.message_id
 
     @property
     def outstanding(self) -> int:

@@ -92,7 +92,7 @@ async def read_queue(
         fifo=attributes.get("FifoQueue") == "true" or url.endswith(".fifo"),
         visibility_timeout=visibility,
         max_message_size=int_or_none(attributes.get("MaximumMessageSize")),
-        dead_letter_url=cfg.dead_letter_queue_url
+        dead_letter_url=cfg.dead_letter
         or await reader.redrive_target(attributes.get("RedrivePolicy")),
         dead_letter_max_size=None,
     )
@@ -151,18 +151,18 @@ class _Reader:
             response = await self.client.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])
         except ClientError as exc:
             denied = "AccessDenied" in error_code(exc)
-            if denied and cfg.dead_letter_queue_url and cfg.visibility_timeout:
+            if denied and cfg.dead_letter and cfg.visibility_timeout:
                 # Everything the attributes would tell us is configured: go on without.
                 log.warning(
                     "SQS queue %s: no permission to read its attributes (%s); using the "
-                    "configured visibility_timeout and dead_letter_queue_url",
+                    "configured visibility_timeout and dead_letter",
                     url,
                     error_code(exc),
                 )
                 return {}
             hint = (
                 " (grant sqs:GetQueueAttributes, or configure both visibility_timeout and "
-                "dead_letter_queue_url)"
+                "dead_letter)"
                 if denied
                 else ""
             )

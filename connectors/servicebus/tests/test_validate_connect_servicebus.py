@@ -1,17 +1,18 @@
-"""Service Bus streams acklane cannot use: ``validate --connect`` and ``acklane run``.
+"""``acklane validate --connect`` on Service Bus streams: what it finds, one line each.
 
 Against acklane's Service Bus emulator, which checks SAS tokens as Azure does (CBS,
 signed with the namespace's key): a queue that exists is peeked at (nothing is
 locked or settled); a queue that does not exist, a key the namespace refuses, a
-namespace that does not answer: one line each, naming the setting. At run time the
-refused key stops acklane (exit 1, one ERROR line, no traceback), and an
-unreachable namespace is told once while the stream waits for it.
+namespace that does not answer: one line each, naming the setting.
+
+What ``acklane run`` does against such a stream (a refused key stops it; an
+unreachable namespace is told once) is a rule of every connector:
+``tests/test_conformance_run_errors.py``.
 """
 
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ import pytest
 
 from acklane.integration.emulator import Emulator, free_port
 from acklane.integration.servicebus import ServiceBusEmulator
-from acklane.integration.testing import AcklaneRun, stream_check, validate_json, write_pipeline
+from acklane.integration.testing import stream_check, validate_json, write_pipeline
 
 
 @pytest.fixture
@@ -89,32 +90,3 @@ def test_connect_to_a_namespace_that_does_not_answer(
     assert code == 3
     assert "cannot reach namespace" in check["detail"]
     assert "(connection_string)" in check["detail"]
-
-
-def test_run_with_a_refused_key_stops_with_exit_1_and_one_line(
-    tmp_path: Path, bus: ServiceBusEmulator
-) -> None:
-    queue = bus.create_queue()
-    with AcklaneRun(_pipeline(tmp_path, _wrong_key(bus.connection_string), queue)) as run:
-        code = run.finish(timeout=120)  # it stops by itself
-    out, errors = run.output, run.errors
-    assert code == 1, out
-    assert len(errors) == 1, out
-    assert "stream orders: Service Bus authentication failed" in errors[0]
-    assert "streams.orders.connection_string" in errors[0]
-    assert "NotTheKey123" not in out
-    assert "Traceback" not in out
-
-
-def test_run_with_an_unreachable_namespace_tells_it_once(
-    tmp_path: Path, bus: ServiceBusEmulator
-) -> None:
-    with AcklaneRun(_pipeline(tmp_path, _unreachable(bus.connection_string), "q")) as run:
-        run.wait_for("Service Bus namespace unreachable")
-        time.sleep(5)  # more tries meanwhile: none told again
-        code = run.stop()
-    out = run.output
-    assert code == 0, out
-    assert out.count("Service Bus namespace unreachable") == 1, out
-    assert "Traceback" not in out
-    assert "Restarting watchers" not in out

@@ -1,15 +1,15 @@
-"""SQS streams acklane cannot use: ``validate --connect`` and ``acklane run``.
+"""``acklane validate --connect`` on SQS streams: what it finds, one line each, naming the
+setting.
 
 Against moto's server (the session's emulator), and a second moto server started
 here with its IAM checks on (``INITIAL_NO_AUTH_ACTION_COUNT=0``): it answers keys it
-does not know with ``InvalidClientTokenId``, as AWS does.
+does not know with ``InvalidClientTokenId``, as AWS does. The queue and its
+dead-letter queue readable; a dead-letter queue that does not exist, refused keys, an
+endpoint that does not answer.
 
-- ``validate --connect``: the queue and its dead-letter queue readable; a queue that
-  does not exist, refused keys, an endpoint that does not answer: one line each,
-  naming the setting.
-- ``acklane run``: refused keys stop acklane (exit 1, one ERROR line naming the
-  stream and the credential settings, no traceback); an unreachable endpoint is
-  told once and the stream waits for it (no group failure, no traceback).
+What ``acklane run`` does against such a stream (refused keys stop it; an
+unreachable endpoint is told once) is a rule of every connector:
+``tests/test_conformance_run_errors.py``.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import pytest
 
 from acklane.integration.emulator import Emulator, free_port, wait_for_port
 from acklane.integration.sqs import sqs_client
-from acklane.integration.testing import AcklaneRun, stream_check, validate_json, write_pipeline
+from acklane.integration.testing import stream_check, validate_json, write_pipeline
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +79,7 @@ def test_connect_to_a_queue_and_its_dead_letter_queue(
     tmp_path: Path, sqs_emulator: Emulator, queues: dict[str, str]
 ) -> None:
     endpoint = sqs_emulator.client_settings()["endpoint_url"]
-    stream = _stream(endpoint, queues["queue"], extra=f"dead_letter_queue_url: {queues['dlq']}\n")
+    stream = _stream(endpoint, queues["queue"], extra=f"dead_letter: {queues['dlq']}\n")
     code, check = _check(tmp_path, stream)
     assert code == 0, check
     assert check["status"] == "ok"
@@ -91,10 +91,10 @@ def test_connect_names_a_missing_dead_letter_queue(
 ) -> None:
     endpoint = sqs_emulator.client_settings()["endpoint_url"]
     missing = queues["dlq"] + "-gone"
-    stream = _stream(endpoint, queues["queue"], extra=f"dead_letter_queue_url: {missing}\n")
+    stream = _stream(endpoint, queues["queue"], extra=f"dead_letter: {missing}\n")
     code, check = _check(tmp_path, stream)
     assert code == 3
-    assert f"no such queue {missing} (dead_letter_queue_url)" in check["detail"]
+    assert f"no such queue {missing} (dead_letter)" in check["detail"]
 
 
 def test_connect_with_keys_aws_does_not_know(tmp_path: Path, strict_moto: str) -> None:
@@ -113,34 +113,3 @@ def test_connect_to_an_endpoint_that_does_not_answer(tmp_path: Path) -> None:
     code, check = _check(tmp_path, _stream(endpoint, f"{endpoint}/123456789012/q"))
     assert code == 3
     assert "cannot reach the SQS endpoint (endpoint_url, region)" in check["detail"]
-
-
-def test_run_with_refused_keys_stops_with_exit_1_and_one_line(
-    tmp_path: Path, strict_moto: str
-) -> None:
-    cfg = _pipeline(
-        tmp_path, _stream(strict_moto, f"{strict_moto}/123456789012/q", "AKIAWRONG0KEY")
-    )
-    with AcklaneRun(cfg) as run:
-        code = run.finish(timeout=120)  # it stops by itself
-    out, errors = run.output, run.errors
-    assert code == 1, out
-    assert len(errors) == 1, out
-    assert "stream orders: SQS authentication failed" in errors[0]
-    assert "streams.orders.aws_secret_access_key" in errors[0]
-    assert "WrongSecret123" not in out
-    assert "Traceback" not in out
-
-
-def test_run_with_an_unreachable_endpoint_tells_it_once(tmp_path: Path) -> None:
-    endpoint = f"http://127.0.0.1:{free_port()}"
-    cfg = _pipeline(tmp_path, _stream(endpoint, f"{endpoint}/123456789012/q"))
-    with AcklaneRun(cfg) as run:
-        run.wait_for("SQS endpoint unreachable")
-        time.sleep(5)  # more tries meanwhile: none of them told again
-        code = run.stop()
-    out = run.output
-    assert code == 0, out
-    assert out.count("SQS endpoint unreachable") == 1, out
-    assert "Traceback" not in out
-    assert "Restarting watchers" not in out
