@@ -405,21 +405,26 @@ async def _write_failures(
         }
         for f in failures
     ]
+    await _put_rows(conn, engine, rows)
+
+
+#: The columns of a delivery row a new write replaces (all but the key).
+_ROW_FIELDS = ("state", "attempts", "next_attempt_at", "last_error", "unsure", "updated_at")
+
+
+async def _put_rows(
+    conn: AsyncConnection,
+    engine: AsyncEngine,
+    rows: Sequence[dict[str, Any]],
+    *,
+    keep: tuple[str, ...] = (),
+) -> None:
+    """Insert delivery rows, or replace an existing row's fields but those in ``keep``."""
     stmt = _upsert(engine)(sink_deliveries_table)
     excluded = stmt.excluded
+    replaced = {name: excluded[name] for name in _ROW_FIELDS if name not in keep}
     await conn.execute(
-        stmt.on_conflict_do_update(
-            index_elements=[_D.sink, _D.event_id],
-            set_={
-                "state": excluded.state,
-                "attempts": excluded.attempts,
-                "next_attempt_at": excluded.next_attempt_at,
-                "last_error": excluded.last_error,
-                "unsure": excluded.unsure,
-                "updated_at": excluded.updated_at,
-            },
-        ),
-        rows,
+        stmt.on_conflict_do_update(index_elements=[_D.sink, _D.event_id], set_=replaced), rows
     )
 
 
@@ -562,19 +567,6 @@ async def replay_events(
             }
             for i in ids
         ]
-        stmt = _upsert(engine)(sink_deliveries_table)
-        excluded = stmt.excluded
-        await conn.execute(
-            stmt.on_conflict_do_update(
-                index_elements=[_D.sink, _D.event_id],
-                set_={
-                    "state": excluded.state,
-                    "attempts": excluded.attempts,
-                    "next_attempt_at": excluded.next_attempt_at,
-                    "unsure": excluded.unsure,
-                    "updated_at": excluded.updated_at,
-                },
-            ),
-            rows,
-        )
+        # a parked event replayed keeps its reason until the replay settles
+        await _put_rows(conn, engine, rows, keep=("last_error",))
     return len(ids)
