@@ -136,14 +136,16 @@ class SinkWorker:
         """Open the sink and deliver until :meth:`stop`; retries what fails (the database,
         the sink's opening) with a capped backoff, and never raises but cancellation."""
         pause = _Backoff()
-        opened = False
+        opened = registered = False
         try:
             while not self._stopping:
                 try:
                     if not opened:
                         await self.sink.open()
                         opened = True
+                    if not registered:  # again after a database error, until it is done
                         await self.outbox.register()
+                        registered = True
                     if await self.outbox.acquire(self.lease_ttl):
                         self.stats.holding = True
                         log.info(
