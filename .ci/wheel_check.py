@@ -82,9 +82,9 @@ def without_testing() -> None:
     step("acklane --version works")
     missing = "acklane emulator comes with acklane-integration, which is not installed"
     expect(
-        acklane("emulator", "start", "kafka"), 2, missing, 'pip install "acklane[BROKER-testing]"'
+        acklane("emulator", "start", "kafka"), 2, missing, 'pip install "acklane[kafka-testing]"'
     )
-    expect(acklane("emulator", "--help"), 2, missing)
+    expect(acklane("emulator", "--help"), 2, missing, 'pip install "acklane[BROKER-testing]"')
     step("acklane emulator says what to install")
     expect(
         acklane("demo", "--broker", "kafka"),
