@@ -51,13 +51,18 @@ EXPECTED_EVENTS = 10
 POISON_ID = 4
 
 
-def header_commands(example: Path) -> list[list[str]]:
-    """The ``uv run acklane ...`` commands of a file's comment header, as argument lists."""
-    text = "\n".join(
+def _header(example: Path) -> str:
+    """A file's comment header as text, continued lines (``\\``) joined."""
+    return "\n".join(
         line.removeprefix("#").strip()
         for line in example.read_text().splitlines()
         if line.startswith("#")
     ).replace("\\\n", " ")
+
+
+def header_commands(example: Path) -> list[list[str]]:
+    """The ``uv run acklane ...`` commands of a file's comment header, as argument lists."""
+    text = _header(example)
     return [shlex.split(m.group(1)) for m in re.finditer(r"uv run acklane (.+)", text)]
 
 
@@ -327,11 +332,7 @@ SINK_EXAMPLES = EXAMPLES / "sinks"
 
 def header_steps(example: Path) -> list[list[str]]:
     """The ``uv run acklane ...`` and ``uv run python ...`` commands of a file's header."""
-    text = "\n".join(
-        line.removeprefix("#").strip()
-        for line in example.read_text().splitlines()
-        if line.startswith("#")
-    ).replace("\\\n", " ")
+    text = _header(example)
     return [
         shlex.split(m.group(0).removeprefix("uv run "))
         for m in re.finditer(r"uv run (acklane|python) (.+)", text)
