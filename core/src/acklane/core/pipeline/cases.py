@@ -591,3 +591,18 @@ def judge(result: CaseResult) -> CaseResult:
         )
         result.diff = "\n".join(lines)
     return result
+
+
+def describe_failure(result: CaseResult) -> str:
+    """A failed case as text: where it is, why it failed, the diff, its log lines."""
+    case = result.case
+    where = f"{case.file}:{case.line}" if case.line is not None else case.file
+    lines = [f"{where}: {case.name}"]
+    if result.error is not None:
+        lines.append(f"error: {result.error}")
+    lines += result.failures
+    if result.diff:
+        lines += ["", result.diff]
+    if result.logs:
+        lines += ["", "captured log:", *(f"  {line}" for line in result.logs)]
+    return "\n".join(lines)
