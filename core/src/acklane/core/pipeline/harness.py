@@ -221,9 +221,10 @@ class _Pipeline:
         return MemoryBroker.get(self.broker_name)
 
     async def start(self) -> None:
-        for stream in self.config.streams.values():
-            for topic in stream.options["topics"]:
-                self.broker.create_topic(topic, 1)  # before any publish: one partition
+        for name, stream in self.config.streams.items():
+            # before any publish: one partition each, so that records are in publish order
+            for topic in [*stream.options["topics"], _dead_letter_topic(name)]:
+                self.broker.create_topic(topic, 1)
         self.task = asyncio.create_task(self.runner.run(), name="acklane-test-pipeline")
 
     async def stop(self) -> None:
@@ -295,7 +296,7 @@ class _Pipeline:
         records = self.broker.records(dead_topic)
         seen = self.dead_seen.get(dead_topic, 0)
         self.dead_seen[dead_topic] = len(records)
-        copies = [r for r in records[seen:]]
+        copies = records[seen:]
         if copies:
             reason = copies[-1].headers.get(REJECT_REASON, "")
             original = self.original.streams[stream.name]
