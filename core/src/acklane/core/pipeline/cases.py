@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from ..config import ConfigError, ConfigProblem, Loc
 from ..config._yaml import _Reader
+from ..observe.redact import remember
 
 if TYPE_CHECKING:
     from ..config import AcklaneConfig
@@ -213,6 +214,7 @@ def load_cases(
             continue
         reader = _Reader(text, source, os.environ if env is None else env)
         data = reader.read()
+        remember(reader.secrets)  # ${SECRET_NAME} in a case: masked in all output too
         if not reader.problems:
             cases += _cases(reader, data, config)
         problems += reader.problems
