@@ -245,3 +245,44 @@ def test_without_case_files_it_says_where_they_go(tmp_path: Path) -> None:
     got = CliRunner().invoke(app, ["test", str(config)])
     assert got.exit_code == 0, got.output
     assert "a.yaml::every message fires PASSED" in got.stdout
+
+
+def test_two_streams_on_one_topic_each_get_the_message(tmp_path: Path) -> None:
+    """As two consumer groups of one Kafka topic: each stream's watchers see the
+    message, and each stream's dead-letter destination gets only its own copies."""
+    config = tmp_path / "two.yaml"
+    config.write_text(
+        textwrap.dedent(
+            """\
+            streams:
+              a: {connector: memory, topics: [orders], group_id: ga, dead_letter: a.dlq}
+              b: {connector: memory, topics: [orders], group_id: gb}
+            watchers:
+              - {name: wa, stream: a, filter: {reject: {body.bad: true}}}
+              - {name: wb, stream: b}
+            """
+        )
+    )
+    (tmp_path / "two.tests.yaml").write_text(
+        textwrap.dedent(
+            """\
+            cases:
+              - name: on b
+                stream: b
+                message: {body: {bad: true}}
+                expect: {wb: {fire: [{bad: true}]}}
+                dead_letter: nothing
+              - name: on a
+                stream: a
+                message: {body: {bad: true, n: 2}}
+                expect: {wa: {reject: "body.bad eq true"}}
+                dead_letter: {reason: "^watcher wa: "}
+              - name: a good one on a
+                stream: a
+                message: {body: {bad: false}}
+                expect: {wa: {fire: [{bad: false}]}}
+                dead_letter: nothing
+            """
+        )
+    )
+    assert len(assert_pipeline_tests(config)) == 3

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from ..config import StreamConfig
-from ..connectors.deadletter import REJECT_REASON
+from ..connectors.deadletter import ORIGIN_OFFSET, ORIGIN_PARTITION, ORIGIN_TOPIC, REJECT_REASON
 from ..producer import AdvanceItem
 from .cases import Actual, Case, CaseResult, judge
 from .runner import Runner, RunObserver
@@ -55,10 +55,15 @@ class _Observer(RunObserver):
 
     def __init__(self) -> None:
         self.waiting_for: str | None = None
+        #: The stream key of the case's stream: another stream reading the same topic
+        #: (its own group) advances the same record on its own.
+        self.key: Hashable = None
         self.outcome: Any = None
         self.resolved = asyncio.Event()
 
     def advanced(self, key: Hashable, batch: Sequence[AdvanceItem]) -> None:
+        if key != self.key:
+            return
         for item in batch:
             record = getattr(item.broker_payload, "record", None)
             outcome = item.outcome
@@ -139,7 +144,7 @@ def test_config(
         memory = MemoryConfig(
             broker=broker,
             topics=sorted(topics),
-            group_id=_GROUP,
+            group_id=f"{_GROUP}-{name}",  # each stream its own group, as on a real broker
             partitions=1,
             poll_interval=0.05,
             max_attempts=max_attempts_of(stream.config),
@@ -212,7 +217,8 @@ class _Pipeline:
         self.runner = Runner(self.config, observer=self.observer, handle_signals=False)
         self.task: asyncio.Task[None] | None = None
         self.last_event_id = 0
-        self.dead_seen: dict[str, int] = {}
+        #: The case's message: (topic, partition, offset).
+        self.published: tuple[str, int, int] = ("", 0, 0)
 
     @property
     def broker(self) -> Any:
@@ -250,10 +256,12 @@ class _Pipeline:
         observer = self.observer
         observer.resolved.clear()
         observer.outcome = None
+        observer.key = stream.key
         dead_topic = _dead_letter_topic(message.stream)
         partition, offset = self.broker.publish(
             topic, message.body, message.key, message.attributes
         )
+        self.published = (topic, partition, offset)
         observer.waiting_for = f"memory:{self.broker.incarnation}/{topic}/{partition}/{offset}"
         result = CaseResult(case, {w: Actual() for w in watchers}, "nothing")
         try:
@@ -293,10 +301,14 @@ class _Pipeline:
         reasons = tuple(getattr(outcome, "reject_reasons", ()))
         for watcher, reason in _attribute(reasons, outcome.rejected, self.config, watchers).items():
             result.watchers[watcher].rejected = reason
-        records = self.broker.records(dead_topic)
-        seen = self.dead_seen.get(dead_topic, 0)
-        self.dead_seen[dead_topic] = len(records)
-        copies = records[seen:]
+        # the copies of this very message (another stream on its topic has its own topic)
+        topic, partition, offset = self.published
+        origin = {ORIGIN_TOPIC: topic, ORIGIN_PARTITION: str(partition), ORIGIN_OFFSET: str(offset)}
+        copies = [
+            r
+            for r in self.broker.records(dead_topic)
+            if all(r.headers.get(k) == v for k, v in origin.items())
+        ]
         if copies:
             reason = copies[-1].headers.get(REJECT_REASON, "")
             original = self.original.streams[stream.name]
