@@ -14,6 +14,7 @@ file has problems (each with its file, line and field), or no case was found.
 
 from __future__ import annotations
 
+import sys
 import time
 from enum import StrEnum
 from pathlib import Path
@@ -114,7 +115,8 @@ def run_tests(
     results = asyncio.run(run_cases(cfg, cases, within=timeout))
     seconds = time.monotonic() - started
     if output is ReportFormat.JUNIT:
-        _out.print(junit_report(results, seconds), markup=False)
+        sys.stdout.write(junit_report(results, seconds) + "\n")  # as is: no markup, no wrap
+        sys.stdout.flush()
     else:
         _text_report(results, seconds)
     raise typer.Exit(0 if all(r.passed for r in results) else 1)
