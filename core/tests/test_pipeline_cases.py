@@ -286,3 +286,44 @@ def test_two_streams_on_one_topic_each_get_the_message(tmp_path: Path) -> None:
         )
     )
     assert len(assert_pipeline_tests(config)) == 3
+
+
+def test_a_reason_a_function_filter_gives_itself_is_that_watcher_s(tmp_path: Path) -> None:
+    module = f"casereject_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{module}.py").write_text(
+        textwrap.dedent(
+            """\
+            from acklane.core import reject_shared_stream_event
+
+            def refuse_invalid(message):
+                order = message.json()
+                if order.get("valid") is False:
+                    reject_shared_stream_event("invalid order")
+                    return None
+                return {"id": order["id"]}
+            """
+        )
+    )
+    config = tmp_path / "fn.yaml"
+    config.write_text(
+        "streams: {s: {connector: memory, topics: [t], dead_letter: t.dlq}}\n"
+        "watchers:\n"
+        "  - {name: plain, stream: s, filter: {emit: body.id}}\n"
+        f"  - {{name: fn, stream: s, filter: {{function: '{module}:refuse_invalid'}}}}\n"
+    )
+    (tmp_path / "fn.tests.yaml").write_text(
+        textwrap.dedent(
+            """\
+            cases:
+              - name: refused by the function
+                message: {body: {id: 3, valid: false}}
+                expect: {plain: {fire: [3]}, fn: {reject: "^invalid order$"}}
+                dead_letter: {reason: "invalid order"}
+              - name: accepted
+                message: {body: {id: 4}}
+                expect: {plain: {fire: [4]}, fn: {fire: [{id: 4}]}}
+                dead_letter: nothing
+            """
+        )
+    )
+    assert len(assert_pipeline_tests(config)) == 2
