@@ -285,6 +285,8 @@ def _cases(reader: _Reader, data: Any, config: AcklaneConfig) -> list[Case]:
         message = _message(reader, item.get("message"), stream, config, (*loc, "message"))
         expect = _expect(reader, item.get("expect"), stream, config, (*loc, "expect"))
         dead_letter = _dead_letter(reader, item.get("dead_letter"), (*loc, "dead_letter"))
+        if "expect" not in item and "dead_letter" not in item:
+            reader.problem(loc, "the case checks nothing: give expect, dead_letter, or both")
         if len(reader.problems) == before and message is not None:
             cases.append(
                 Case(name, reader.source, reader.line_of(loc), message, expect, dead_letter)
