@@ -327,3 +327,42 @@ def test_a_reason_a_function_filter_gives_itself_is_that_watcher_s(tmp_path: Pat
         )
     )
     assert len(assert_pipeline_tests(config)) == 2
+
+
+def test_a_case_not_resolved_in_time_fails_and_the_next_runs_afresh(tmp_path: Path) -> None:
+    module = f"casehang_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{module}.py").write_text(
+        textwrap.dedent(
+            """\
+            import asyncio
+
+            async def hang_on_slow(message):
+                if message.json().get("slow"):
+                    await asyncio.sleep(3600)
+                return message.json()
+            """
+        )
+    )
+    config = tmp_path / "slow.yaml"
+    config.write_text(
+        "engine: {ack_timeout: 600, shutdown_timeout: 1}\n"
+        "streams: {s: {connector: memory, topics: [t]}}\n"
+        f"watchers: [{{name: w, stream: s, filter: {{function: '{module}:hang_on_slow'}}}}]\n"
+    )
+    (tmp_path / "slow.tests.yaml").write_text(
+        textwrap.dedent(
+            """\
+            cases:
+              - name: slow
+                message: {body: {slow: true}}
+                expect: {w: nothing}
+              - name: quick
+                message: {body: {n: 1}}
+                expect: {w: {fire: [{n: 1}]}}
+            """
+        )
+    )
+    slow, quick = run_pipeline_tests(config, within=0.5)
+    assert not slow.passed
+    assert slow.error is not None and "not resolved within 0.5s" in slow.error
+    assert quick.passed, quick.failures
