@@ -214,9 +214,35 @@ DEAD_LETTERS: dict[str, Callable[[dict[str, Any]], list[tuple[bytes, str]]]] = {
 }
 
 
+def _pipelines() -> list[Path]:
+    """Every example pipeline (its test cases, ``*.tests.yaml``, are not pipelines)."""
+    return sorted(p for p in EXAMPLES.rglob("*.yaml") if not p.name.endswith(".tests.yaml"))
+
+
 def test_every_example_pipeline_has_its_test() -> None:
-    examples = {p.name for p in EXAMPLES.glob("*.yaml")}
+    examples = {p.name for p in EXAMPLES.glob("*.yaml") if not p.name.endswith(".tests.yaml")}
     assert examples == {f"{b}.yaml" for b in BROKERS} | {"pipeline.yaml"}
+
+
+@pytest.mark.parametrize("example", _pipelines(), ids=lambda p: str(p.relative_to(EXAMPLES)))
+def test_the_example_passes_its_test_cases(example: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``acklane test`` on each example pipeline, with the cases beside it (no broker;
+    in this process: the command is the same, a process per example would only add
+    its start-up)."""
+    from typer.testing import CliRunner
+
+    from acklane.core.cli.app import app
+
+    cases = example.with_name(example.name.removesuffix(".yaml") + ".tests.yaml")
+    assert cases.is_file(), f"{example} has no test cases ({cases.name})"
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("AIRFLOW_PASSWORD", "only-for-acklane-test")  # sinks/kafka-airflow.yaml
+    done = CliRunner().invoke(app, ["test", str(example.relative_to(ROOT))])
+    assert done.exit_code == 0, done.output
+    lines = done.stdout.splitlines()
+    count = len(yaml.safe_load(cases.read_text())["cases"])
+    assert sum(line.endswith(" PASSED") for line in lines) == count, done.stdout
+    assert f"{count} passed in " in lines[-1], done.stdout
 
 
 @pytest.mark.parametrize("broker", BROKERS)

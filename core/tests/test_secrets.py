@@ -443,6 +443,31 @@ def test_the_newer_commands_print_no_secret(tmp_path: Path, level: str, log_form
     assert any("***" in text for text in said)
 
 
+CASES = """\
+stream: m
+cases:
+  - name: a payload holding secrets, in a failing case's diff
+    message:
+      body: {password: "${PGPASS}", token: "${BROKER_SECRET}"}
+      attributes: {auth: "${A2}"}
+    expect:
+      wm: {fire: [{password: "not it"}]}
+"""
+
+
+@pytest.mark.parametrize("output", ["text", "junit"])
+def test_acklane_test_prints_no_secret(tmp_path: Path, output: str) -> None:
+    cfg = _configs(tmp_path)["valid"]
+    cases = _write(tmp_path, "valid.tests.yaml", CASES)
+    result = CliRunner().invoke(
+        app, ["--log-level", "DEBUG", "test", str(cfg), str(cases), "--format", output]
+    )
+    text = result.stdout + result.stderr
+    assert result.exit_code == 1, text  # the case failed, and its diff was printed
+    assert "password" in text and "***" in text, text
+    assert not _leaks(text), (_leaks(text), text)
+
+
 SINKS_CONFIG = """\
 store: {url: "sqlite:///{db}"}
 streams:

@@ -545,6 +545,7 @@ def demo(
 def _add_subcommands() -> None:
     from .events import app as events_app
     from .extras import SIBLING_COMMANDS
+    from .pipeline_test import run_tests as test_command
     from .publish import publish as publish_command
     from .sinks import app as sinks_app
     from .sinks import replay
@@ -555,6 +556,7 @@ def _add_subcommands() -> None:
     app.add_typer(sinks_app, name="sinks", help="See and steer the delivery to sinks.")
     app.add_typer(store_app, name="store", help="Read and write the task and asset stores.")
     app.command("publish")(publish_command)
+    app.command("test")(test_command)
     # Other distributions add theirs (acklane-integration: `acklane emulator`).
     added: set[str] = set()
     for ep in entry_points(group=COMMANDS_GROUP):

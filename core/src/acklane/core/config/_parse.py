@@ -593,8 +593,11 @@ def _watchers(
         spec = _filter_spec(reader, raw.get("filter"), (*loc, "filter"))
         if spec is None:
             continue
+        spec = _schema_file_resolved(spec, reader.source)
         try:
-            compiled = compile_filter(spec, label=f"watcher {name}")
+            compiled = compile_filter(
+                spec, label=f"watcher {name}", base_dir=_folder(reader.source)
+            )
         except FilterSpecError as exc:
             for sub, message in exc.problems:
                 reader.problem((*loc, "filter", *sub), message)
@@ -605,7 +608,9 @@ def _watchers(
                     name=settings.name,
                     stream=settings.stream,
                     asset=settings.asset,
-                    filter=None if settings.filter is None else spec.model_dump(exclude_none=True),
+                    filter=None
+                    if settings.filter is None
+                    else spec.model_dump(exclude_none=True, by_alias=True),
                     compiled_filter=compiled,
                     line=reader.line_of(loc),
                     sinks=tuple(dict.fromkeys(settings.sinks)),
@@ -715,6 +720,23 @@ def _sink_references(
             found = [("", f"sink {name!r}: checking it failed: {type(exc).__name__}: {exc}")]
         for field, message in found:
             reader.problem(("sinks", entry.position, *(field.split(".") if field else ())), message)
+
+
+def _folder(source: str) -> Path | None:
+    """The directory of the configuration file (None for YAML given as text)."""
+    return Path(source).resolve().parent if source and not source.startswith("<") else None
+
+
+def _schema_file_resolved(spec: FilterSpec, source: str) -> FilterSpec:
+    """The spec with a relative ``schema:`` file made absolute (from the configuration's
+    directory), so the watcher's kwargs find it from any working directory."""
+    schema, folder = spec.json_schema, _folder(source)
+    if not isinstance(schema, str) or not schema.strip() or folder is None:
+        return spec
+    path = Path(schema).expanduser()
+    if path.is_absolute():
+        return spec
+    return spec.model_copy(update={"json_schema": str(folder / path)})
 
 
 def _filter_spec(reader: _Reader, raw: Any, loc: Loc) -> FilterSpec | None:

@@ -23,13 +23,15 @@ import json
 import re
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from pathlib import Path
+from typing import Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import AcklaneError
 from ..message import BodyDecodeError, RawMessage
 from ..trigger import TriggerEvent, reject_shared_stream_event
+from .schema import SchemaCheck, compile_schema
 
 __all__ = [
     "OPERATORS",
@@ -81,6 +83,10 @@ class FilterSpec(BaseModel):
     reject_invalid_json: bool | None = None
     emit: Any = None
     function: str | None = None
+    #: ``schema:`` (a file or an inline JSON Schema) checked on the body before the rules
+    #: (acklane.core.pipeline.schema); named so as not to shadow BaseModel.schema.
+    json_schema: str | dict[str, Any] | bool | None = Field(default=None, alias="schema")
+    on_schema_error: Literal["reject", "skip"] | None = None
 
 
 class FilterSpecError(AcklaneError, ValueError):
@@ -475,6 +481,7 @@ class CompiledFilter:
         "_function",
         "_function_kind",
         "_rejects",
+        "_schema",
         "label",
         "reads_body",
         "reject_invalid_json",
@@ -491,8 +498,10 @@ class CompiledFilter:
         reject_invalid_json: bool = True,
         function: Callable[..., Any] | None = None,
         function_kind: str | None = None,
+        schema: SchemaCheck | None = None,
     ) -> None:
         self.label = label
+        self._schema = schema
         self._conditions = tuple(conditions)
         self._rejects = tuple(rejects)
         self._emit = emit
@@ -536,6 +545,10 @@ class CompiledFilter:
                 return Rejected(self._prefix(str(exc)))
         else:
             view = _View(message)
+        if self._schema is not None:
+            failure = self._schema.failure(view.body())
+            if failure is not None:
+                return [] if self._schema.skip else Rejected(self._prefix(failure))
         for rule in self._rejects:
             if rule.holds(view):
                 return Rejected(self._prefix(f"reject rule matched: {rule.describe(view)}"))
@@ -563,7 +576,7 @@ class CompiledFilter:
                 async for item in events:
                     yield item if isinstance(item, TriggerEvent) else TriggerEvent(item)
             return
-        if self._function_kind is None:
+        if self._function_kind is None and self._schema is None:
             # declarative: evaluate() inlined (once per message), in this generator
             rejects, conditions, emit = self._rejects, self._conditions, self._emit
             decode = self.reads_body and self.reject_invalid_json
@@ -620,12 +633,17 @@ def _spec_problems(exc: ValidationError) -> list[tuple[ProblemPath, str]]:
 
 
 def compile_filter(
-    spec: FilterSpec | Mapping[str, Any] | None, *, label: str = ""
+    spec: FilterSpec | Mapping[str, Any] | None,
+    *,
+    label: str = "",
+    base_dir: Path | None = None,
 ) -> CompiledFilter:
     """Compile a ``filter:`` block; raises :class:`FilterSpecError` listing every problem.
 
     ``label`` (usually ``watcher <name>``) prefixes rejection reasons. A function
     filter is imported here, so a bad import path fails now rather than at run time.
+    ``base_dir`` is where a relative ``schema:`` file is found (the configuration's
+    directory; the working directory by default).
     """
     if spec is None:
         spec = FilterSpec()
@@ -639,12 +657,17 @@ def compile_filter(
     if spec.function is not None:
         return _compile_function(spec, label, problems)
 
+    schema = compile_schema(spec.json_schema, spec.on_schema_error, base_dir, problems)
     conditions = _compile_conditions(spec.match or {}, "match", problems)
     rejects = _compile_conditions(spec.reject or {}, "reject", problems)
     emit, emit_reads_body = _compile_emit(spec.emit, problems)
     if problems:
         raise FilterSpecError(problems)
-    reads_body = emit_reads_body or any(c.path.reads_body for c in (*conditions, *rejects))
+    reads_body = (
+        emit_reads_body
+        or schema is not None
+        or any(c.path.reads_body for c in (*conditions, *rejects))
+    )
     reject_invalid_json = (
         reads_body if spec.reject_invalid_json is None else spec.reject_invalid_json
     )
@@ -655,6 +678,7 @@ def compile_filter(
         emit=emit,
         reads_body=reads_body or reject_invalid_json,
         reject_invalid_json=reject_invalid_json,
+        schema=schema,
     )
 
 
@@ -664,6 +688,7 @@ def _compile_function(
     path = spec.function
     assert path is not None
     mixed = [name for name in ("match", "reject", "emit") if getattr(spec, name) is not None]
+    mixed += [name for name, v in (("schema", spec.json_schema),) if v is not None]
     for name in mixed:
         problems.append(
             ((name,), f"cannot be combined with function ({path}); the function decides alone")
