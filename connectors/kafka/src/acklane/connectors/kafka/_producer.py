@@ -64,6 +64,7 @@ from acklane.core.producer import (
 )
 
 from ._config import KafkaConfig
+from ._formats import record_type
 from ._health import AUTH_CODES, ClientHealth, QuietClientLog, auth_error
 from ._message import _UNSET, KafkaDelivery, KafkaMessage, id_prefix
 
@@ -260,6 +261,8 @@ class KafkaStreamProducer(SharedStreamProducer[KafkaDelivery]):
             refused_error=_Refused,
             failed_error=KafkaAdvanceError,
         )
+        # KafkaMessage, or a class that decodes Schema Registry framing (_formats.py)
+        self._record_type = record_type(config)
         self._executor: ThreadPoolExecutor | None = None
         self._opened = False
         self._closed = False
@@ -773,7 +776,7 @@ class KafkaStreamProducer(SharedStreamProducer[KafkaDelivery]):
         books: tuple[int, str] | None = None  # the last record's partition's, by identity
         fetching = self._fetching
         awaiting = self._ledger.awaiting
-        record = KafkaMessage
+        record = self._record_type
         for m in messages:
             error = m.error()
             if error is not None:
