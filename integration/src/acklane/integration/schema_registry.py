@@ -564,7 +564,7 @@ class LocalSchemaRegistry(LocalProcessEmulator):
         """The ``schema_registry:`` block of a Kafka stream that reaches it."""
         settings: dict[str, Any] = {"url": self.endpoint}
         if self.user is not None:
-            settings["basic_auth_user_info"] = f"{self.user[0]}:{self.user[1]}"
+            settings["username"], settings["password"] = self.user
         return settings
 
     def client_conf(self) -> dict[str, Any]:

@@ -118,6 +118,8 @@ class SchemaRegistrySettings(BaseModel):
         if (self.username is None) != (self.password is None):
             missing = "password" if self.password is None else "username"
             raise ValueError(f"schema_registry.{missing} is required with the other credential")
+        if self.username is not None and any("@" in u.split("/")[2] for u in self.url.split(",")):
+            raise ValueError("schema_registry: credentials in the url and username: choose one")
         if "basic.auth.user.info" in self.client or "url" in self.client:
             raise ValueError("set url, username and password as fields, not in client")
         return self

@@ -34,6 +34,7 @@ from typing import Any, ClassVar
 
 from acklane.core.errors import AcklaneError
 from acklane.core.message import BodyDecodeError
+from acklane.core.observe.redact import redact_url
 
 from ._config import REGISTRY_FORMATS, KafkaConfig, SchemaRegistrySettings
 from ._message import _UNSET, KafkaMessage
@@ -181,6 +182,7 @@ class Formats:
 
         assert config.schema_registry is not None  # the config requires it with a format
         self.registry = config.schema_registry
+        self._where = ",".join(redact_url(u) for u in self.registry.url.split(","))
         self.client = registry_client(config.schema_registry)
         self._context = SerializationContext
         self.value = (
@@ -206,7 +208,7 @@ class Formats:
             reason = str(exc) or type(exc).__name__
             if _unavailable(exc):
                 raise SchemaRegistryUnavailable(
-                    f"message {record.message_id}: the Schema Registry at {self.registry.url} "
+                    f"message {record.message_id}: the Schema Registry at {self._where} "
                     f"did not answer for its {what}: {reason}"
                 ) from exc
             raise BodyDecodeError(
