@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from confluent_kafka import Message
+from typer.testing import CliRunner
 
 from acklane.connectors.kafka import KafkaConfig
 from acklane.connectors.kafka._formats import (
@@ -25,6 +24,7 @@ from acklane.connectors.kafka._formats import (
     record_type,
 )
 from acklane.connectors.kafka._message import KafkaMessage
+from acklane.core.cli.app import app
 from acklane.core.connectors.deadletter import REJECT_REASON
 from acklane.core.events import EventStore
 from acklane.core.message import BodyDecodeError
@@ -61,22 +61,9 @@ def _stream(kit: KafkaKit, registry: Emulator, topic: str, fmt: str) -> dict[str
 
 
 def _publish(config: Path, stream: str, lines: list[str], *options: str) -> None:
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "acklane.core.cli",
-            "publish",
-            str(config),
-            stream,
-            *options,
-            *lines,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
+    """``acklane publish CONFIG STREAM [options] LINES...``, in this process."""
+    result = CliRunner().invoke(app, ["publish", str(config), stream, *options, *lines])
+    assert result.exit_code == 0, result.output
 
 
 def _stored(db: Path) -> list[tuple[str, dict[str, Any]]]:
@@ -133,10 +120,10 @@ def test_avro_and_protobuf_records_become_events_and_an_unknown_schema_id_is_dea
         ("big-proto", {"id": "o-3", "amount": 120.5, "customer": "c-3"}),
     ]
     with AcklaneRun(config) as run:
-        copies = kafka_kit.read(avro_dlq, 1, timeout=60)
         deadline = time.monotonic() + 60
         while _stored(db) != expected and time.monotonic() < deadline:
             time.sleep(0.2)
+        copies = kafka_kit.read(avro_dlq, 1, timeout=30)
         assert run.stop() == 0, run.output
     assert _stored(db) == expected, run.output
     [copy] = copies
