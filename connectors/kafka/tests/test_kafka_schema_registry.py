@@ -23,13 +23,14 @@ from acklane.connectors.kafka._formats import (
     SchemaRegistryUnavailable,
     record_type,
 )
-from acklane.connectors.kafka._message import KafkaMessage
+from acklane.connectors.kafka._message import _UNSET, KafkaMessage
 from acklane.core.cli.app import app
 from acklane.core.connectors.deadletter import REJECT_REASON
 from acklane.core.events import EventStore
 from acklane.core.message import BodyDecodeError
 from acklane.integration.emulator import Emulator
 from acklane.integration.kafka import KafkaKit
+from acklane.integration.schema_registry import LocalSchemaRegistry
 from acklane.integration.schema_samples import ORDER_AVRO, Order
 from acklane.integration.testing import AcklaneRun
 
@@ -256,3 +257,22 @@ def test_config_errors_say_what_is_missing() -> None:
         KafkaConfig(
             **base, value_format="avro", schema_registry={"url": "http://h:1", "username": "u"}
         )
+
+
+def test_the_consumer_thread_fetches_each_new_schema_before_the_loop_needs_it() -> None:
+    from acklane.connectors.kafka._formats import prefetcher
+
+    with LocalSchemaRegistry() as registry:
+        cls = record_type(_config(registry, value_format="avro"))
+        prefetch = prefetcher(cls)
+        assert prefetch is not None
+        framed = _avro(registry, {"id": "o-1", "amount": 3.5, "customer": "c"})
+        first, second = _record(cls, framed), _record(cls, framed)
+        unknown = _record(cls, b"\x00" + UNKNOWN_ID.to_bytes(4, "big") + b"\x02")
+        prefetch([first, second, unknown])
+        assert first._value == {"id": "o-1", "amount": 3.5, "customer": "c"}
+        assert second._value is _UNSET  # its schema id was seen: decoded when asked
+        assert isinstance(unknown._value, BodyDecodeError)  # its rejection is ready
+    # the registry is gone: the schema comes from the client's cache
+    assert second.json() == first.json()
+    assert prefetcher(KafkaMessage) is None

@@ -24,6 +24,7 @@ text; Protobuf messages become their proto3 JSON mapping (field names as in the
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime
 import decimal
 import importlib
@@ -44,6 +45,7 @@ __all__ = [
     "RegistryMessage",
     "SchemaRegistryUnavailable",
     "load_message_class",
+    "prefetcher",
     "record_type",
     "registry_client",
 ]
@@ -127,13 +129,18 @@ def _plain(value: Any) -> Any:
 
 
 class _Side:
-    """How one side of the records is decoded: its deserializer and what to make of it."""
+    """How one side of the records is decoded: its deserializer and what to make of it.
 
-    __slots__ = ("deserialize", "field", "fmt", "plain")
+    ``seen`` holds the frames (magic byte and schema id) decoded once already: their
+    schema is in the client's cache, so decoding another of them makes no request.
+    """
+
+    __slots__ = ("deserialize", "field", "fmt", "plain", "seen")
 
     def __init__(self, fmt: str, field: Any, client: Any, message_class: str | None) -> None:
         self.fmt = fmt
         self.field = field
+        self.seen: set[bytes] = set()
         self.deserialize: Callable[[bytes, Any], Any]
         self.plain: Callable[[Any], Any]
         try:
@@ -215,7 +222,28 @@ class Formats:
                 f"message {record.message_id} {what} is not {_LABEL[side.fmt]} framed for the "
                 f"Schema Registry ({_schema_id(data)}): {reason}"
             ) from exc
+        side.seen.add(data[:5])
         return side.plain(decoded)
+
+    def prefetch(self, records: list[KafkaMessage]) -> None:
+        """Decode now (on the consumer thread) each record whose schema id was not seen.
+
+        Its schema is then fetched here, off the event loop, and cached by the client:
+        the records after it with the same id decode on the loop without a request.
+        A record whose id the registry does not know is decoded here too (its
+        rejection is then ready); one whose registry does not answer is left to
+        fail when a filter asks for it.
+        """
+        value = self.value
+        if value is None:
+            return
+        seen = value.seen
+        for record in records:
+            data = record._message.value()
+            if data is None or data[:5] in seen:
+                continue
+            with contextlib.suppress(BodyDecodeError, SchemaRegistryUnavailable):
+                record.json()
 
 
 def _schema_id(data: bytes) -> str:
@@ -298,6 +326,12 @@ def record_type(config: KafkaConfig) -> type[KafkaMessage]:
         return KafkaMessage
     formats = Formats(config)
     return type("RegistryMessage", (RegistryMessage,), {"__slots__": (), "formats": formats})
+
+
+def prefetcher(record: type[KafkaMessage]) -> Callable[[list[KafkaMessage]], None] | None:
+    """What the consumer thread calls on each fetch (None: nothing, a plain stream)."""
+    formats: Formats | None = getattr(record, "formats", None)
+    return None if formats is None or formats.value is None else formats.prefetch
 
 
 # -- encoding, for `acklane publish` -------------------------------------------------------
