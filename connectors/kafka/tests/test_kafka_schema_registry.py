@@ -276,3 +276,37 @@ def test_the_consumer_thread_fetches_each_new_schema_before_the_loop_needs_it() 
     # the registry is gone: the schema comes from the client's cache
     assert second.json() == first.json()
     assert prefetcher(KafkaMessage) is None
+
+
+def test_publish_refuses_a_schema_for_a_plain_stream_and_a_body_that_is_not_json(
+    tmp_path: Path,
+) -> None:
+    schema = tmp_path / "order.avsc"
+    schema.write_text(json.dumps(ORDER_AVRO))
+    stream = {"connector": "kafka", "bootstrap_servers": "127.0.0.1:9", "topics": ["t"]}
+    stream["group_id"] = "g"
+    document = {
+        "store": {"url": f"sqlite:///{tmp_path / 'e.db'}"},
+        "streams": {
+            "plain": stream,
+            "avro": {
+                **stream,
+                "group_id": "g2",
+                "value_format": "avro",
+                "schema_registry": {"url": "http://h:1"},
+            },
+        },
+        "watchers": [{"name": "w", "stream": "plain"}, {"name": "a", "stream": "avro"}],
+    }
+    config = tmp_path / "p.yaml"
+    config.write_text(json.dumps(document))
+    plain = CliRunner().invoke(
+        app, ["publish", str(config), "plain", "--schema", str(schema), "{}"]
+    )
+    assert plain.exit_code == 2 and "no schema to encode with" in plain.output, plain.output
+    avro = CliRunner().invoke(
+        app, ["publish", str(config), "avro", "--schema", str(schema), "not json"]
+    )
+    assert avro.exit_code == 1, avro.output
+    assert "message 1 could not be encoded (avro)" in avro.output
+    assert "written as JSON" in avro.output
