@@ -310,3 +310,77 @@ def test_publish_refuses_a_schema_for_a_plain_stream_and_a_body_that_is_not_json
     assert avro.exit_code == 1, avro.output
     assert "message 1 could not be encoded (avro)" in avro.output
     assert "written as JSON" in avro.output
+
+
+def test_avro_types_json_cannot_hold_become_text(schema_registry_emulator: Emulator) -> None:
+    import datetime
+    import decimal
+    import uuid
+
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.avro import AvroSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    schema = {
+        "type": "record",
+        "name": "Typed",
+        "fields": [
+            {"name": "raw", "type": "bytes"},
+            {
+                "name": "price",
+                "type": {"type": "bytes", "logicalType": "decimal", "precision": 9, "scale": 2},
+            },
+            {"name": "at", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+            {"name": "ref", "type": {"type": "string", "logicalType": "uuid"}},
+            {"name": "tags", "type": {"type": "array", "items": "bytes"}},
+        ],
+    }
+    topic = KafkaKit.unique("typed")
+    client = SchemaRegistryClient(schema_registry_emulator.client_conf())  # type: ignore[attr-defined]
+    ref = uuid.UUID("12345678-1234-5678-1234-567812345678")
+    at = datetime.datetime(2026, 12, 2, 1, 2, 3, tzinfo=datetime.UTC)
+    framed = AvroSerializer(client, json.dumps(schema))(
+        {
+            "raw": b"\x00\xff",
+            "price": decimal.Decimal("12.34"),
+            "at": at,
+            "ref": ref,
+            "tags": [b"a"],
+        },
+        SerializationContext(topic, MessageField.VALUE),
+    )
+    cls = record_type(_config(schema_registry_emulator, value_format="avro"))
+    record = cls(Message(topic=topic, partition=0, offset=1, value=framed), 1, (topic, 0), 1)
+    body = record.json()
+    json.dumps(body)  # every value fits in an event
+    assert body == {
+        "raw": "AP8=",
+        "price": "12.34",
+        "at": "2026-12-02T01:02:03+00:00",
+        "ref": str(ref),
+        "tags": ["YQ=="],
+    }
+
+
+def test_a_json_schema_value_is_validated(schema_registry_emulator: Emulator) -> None:
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.json_schema import JSONSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    from acklane.integration.schema_samples import ORDER_JSON_SCHEMA
+
+    topic = KafkaKit.unique("js")
+    client = SchemaRegistryClient(schema_registry_emulator.client_conf())  # type: ignore[attr-defined]
+    framed = JSONSerializer(json.dumps(ORDER_JSON_SCHEMA), client)(
+        {"id": "o-1", "amount": 2}, SerializationContext(topic, MessageField.VALUE)
+    )
+    assert framed is not None
+    cls = record_type(_config(schema_registry_emulator, value_format="json_schema"))
+
+    def record(value: bytes) -> Any:
+        return cls(Message(topic=topic, partition=0, offset=1, value=value), 1, (topic, 0), 1)
+
+    assert record(framed).json() == {"id": "o-1", "amount": 2}
+    # the same frame around a document its schema refuses (no amount)
+    with pytest.raises(BodyDecodeError, match="is not JSON Schema"):
+        record(framed[:5] + b'{"id": "o-2"}').json()
