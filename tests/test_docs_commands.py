@@ -13,7 +13,8 @@ on ``PATH`` and ``uv run`` finding this repository without syncing it
 - ``acklane emulator start ...`` keeps running in the background (until the end of
   the document, when SIGTERM must stop it with exit 0), once it printed that it is
   ready; the examples' address variables (``KAFKA_BOOTSTRAP_SERVERS``,
-  ``SQS_ENDPOINT_URL``, ``PUBSUB_EMULATOR_HOST``, ``SERVICEBUS_CONNECTION_STRING``)
+  ``SQS_ENDPOINT_URL``, ``PUBSUB_EMULATOR_HOST``, ``SERVICEBUS_CONNECTION_STRING``,
+  ``SCHEMA_REGISTRY_URL``)
   point at free ports, so ``emulator start --config`` and the pipelines meet there;
 - ``acklane run ...`` and ``acklane events tail ...`` run for :data:`AFTER_START`
   seconds after the pipeline's streams started polling (at most :data:`RUN_FOR`
@@ -156,6 +157,7 @@ def environment() -> Iterator[dict[str, str]]:
         "SQS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}",
         "PUBSUB_EMULATOR_HOST": f"127.0.0.1:{free_port()}",
         "SERVICEBUS_CONNECTION_STRING": connection_string("127.0.0.1", free_port()),
+        "SCHEMA_REGISTRY_URL": f"http://127.0.0.1:{free_port()}",
     }
     for name in ("ACKLANE_STORE_URL", "PGPASSWORD", "VIRTUAL_ENV"):
         env.pop(name, None)

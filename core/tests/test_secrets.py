@@ -2,7 +2,8 @@
 
 Secrets are planted through ``${VAR}`` in every field that can hold one (the store
 URL's password, every SecretStr field of the connectors, Kafka ``client:`` and
-``dead_letter_client:`` properties, a value from a variable with a secret-like name), and
+``dead_letter_client:`` properties, a Kafka stream's ``schema_registry:`` password and
+the password of its URL, a value from a variable with a secret-like name), and
 the stdout and stderr of every command are scanned for them: ``validate`` (text and
 JSON), ``config show`` (YAML and JSON), ``events list``/``tail``, ``store
 list``/``get``, and ``run`` (a real process with the memory, Kafka and SQS
@@ -44,6 +45,9 @@ SECRETS = {
     "K5": "PLANTED07-kafka-client-sasl",
     "K6": "PLANTED08-kafka-oauth-client-secret",
     "K7": "PLANTED09-kafka-dlq-ssl-key-password",
+    "K8": "PLANTED14-schema-registry-password",
+    "K9": "PLANTED15-schema-registry-ssl-key-password",
+    "K10": "PLANTED16-schema-registry-url-password",
     "A1": "PLANTED10AWSKEYID",
     "A2": "PLANTED11-aws-secret-access-key",
     "A3": "PLANTED12-aws-session-token",
@@ -59,6 +63,8 @@ PLANTED_FIELDS = {
     ("kafka", "ssl_key_password"),
     ("kafka", "ssl_keystore_password"),
     ("kafka", "ssl_key_pem"),
+    ("kafka", "schema_registry.password"),
+    ("kafka", "schema_registry.ssl_key_password"),
     ("sqs", "aws_access_key_id"),
     ("sqs", "aws_secret_access_key"),
     ("sqs", "aws_session_token"),
@@ -80,6 +86,12 @@ streams:
     ssl_key_password: ${K2}
     ssl_keystore_password: ${K3}
     ssl_key_pem: ${K4}
+    value_format: avro
+    schema_registry:
+      url: http://127.0.0.1:1
+      username: registry-user
+      password: ${K8}
+      ssl_key_password: ${K9}
   free:
     connector: kafka
     bootstrap_servers: 127.0.0.1:1
@@ -93,6 +105,8 @@ streams:
       sasl.oauthbearer.client.secret: ${K6}
     dead_letter_client:
       ssl.key.password: ${K7}
+    key_format: json_schema
+    schema_registry: {url: "http://registry-user:${K10}@127.0.0.1:1"}
   q:
     connector: sqs
     queue_name: q
@@ -221,9 +235,10 @@ def test_every_secret_field_of_the_installed_connectors_is_planted() -> None:
             annotation = repr(field.annotation)
             if "SecretStr" in annotation or "SecretBytes" in annotation:
                 found.add(prefix + name)
-            sub = field.annotation
-            if isinstance(sub, type) and issubclass(sub, BaseModel):
-                found |= secret_fields(sub, f"{prefix}{name}.")
+            # a nested block, optional or not (``schema_registry: ... | None``)
+            for sub in (field.annotation, *getattr(field.annotation, "__args__", ())):
+                if isinstance(sub, type) and issubclass(sub, BaseModel):
+                    found |= secret_fields(sub, f"{prefix}{name}.")
         return found
 
     seen = set()

@@ -160,3 +160,46 @@ def test_a_configuration_without_the_broker_or_the_topic_of_a_subscription_is_re
     )
     assert result.exit_code == 2
     assert "add --topic TOPIC (or --subscription orders-sub:TOPIC)" in result.output
+
+
+def test_the_schema_registry_listens_where_a_configuration_reaches_it(
+    start: Any, tmp_path: Path
+) -> None:
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+
+    port = free_port()
+    config = _write(
+        tmp_path / "pipeline.yaml",
+        {
+            "orders": {
+                "connector": "kafka",
+                "bootstrap_servers": "127.0.0.1:9092",
+                "topics": ["orders"],
+                "group_id": "g",
+                "value_format": "avro",
+                "schema_registry": {"url": "${SCHEMA_REGISTRY_URL}"},
+            }
+        },
+    )
+    url = f"http://127.0.0.1:{port}"
+    started = start("schema-registry", "--config", str(config), env={"SCHEMA_REGISTRY_URL": url})
+    text = "".join(started.out)
+    # the block to paste under a Kafka stream, and the variable the examples read
+    assert yaml.safe_load(text) == {"schema_registry": {"url": url}}
+    assert f"export SCHEMA_REGISTRY_URL='{url}'" in text
+    assert SchemaRegistryClient({"url": url}).get_subjects() == []
+
+
+def test_the_schema_registry_asks_for_the_user_given() -> None:
+    from acklane.integration.schema_registry import LocalSchemaRegistry
+
+    result = CliRunner().invoke(
+        cli.app, ["emulator", "start", "kafka", "--user", "u:p"], env={"COLUMNS": "300"}
+    )
+    assert result.exit_code == 2 and "--user NAME:PASSWORD is for schema-registry" in result.stderr
+    with LocalSchemaRegistry(user=("reg", "pw")) as registry:
+        assert registry.client_settings() == {
+            "url": registry.endpoint,
+            "username": "reg",
+            "password": "pw",
+        }

@@ -3,7 +3,8 @@
 Good: the cluster answers, the topics and the DLQ topic exist. Bad: a topic that
 does not exist (named with its field), a closed port (bootstrap_servers), a SASL
 login the broker refuses (the SASL fields to check, the password never printed).
-Offline (no --connect): an ``ssl_*_location`` file that does not exist.
+Offline (no --connect): an ``ssl_*_location`` file that does not exist, a Protobuf
+message class that does not import.
 """
 
 from __future__ import annotations
@@ -96,3 +97,21 @@ def test_a_missing_certificate_file_is_found_offline(tmp_path: Path) -> None:
     assert problem["field"] == "streams.orders.ssl_ca_location"
     assert problem["line"] == 9  # the line of ssl_ca_location
     assert "no such file" in problem["message"]
+
+
+def test_a_protobuf_message_class_that_does_not_import_is_found_offline(tmp_path: Path) -> None:
+    code, document = _validate(
+        tmp_path,
+        """\
+        bootstrap_servers: 127.0.0.1:9092
+        topics: [orders]
+        group_id: g
+        value_format: protobuf
+        value_message_class: no_such_module_pb2:Order
+        schema_registry: {url: "http://127.0.0.1:8081"}
+        """,
+    )
+    assert code == 2, document
+    (problem,) = document["problems"]
+    assert problem["field"] == "streams.orders.value_message_class"
+    assert "cannot import no_such_module_pb2" in problem["message"]

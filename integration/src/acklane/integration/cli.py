@@ -67,6 +67,10 @@ FAST_KAFKA_CLIENT: dict[str, int] = {
 #: ``--queue NAME:DLQ`` dead-letter queue (acklane dead-letters rejected ones itself).
 SQS_MAX_RECEIVE_COUNT = 10
 
+#: The Schema Registry emulator: not a broker, the ``schema_registry:`` block of Kafka streams.
+REGISTRY = "schema-registry"
+REGISTRY_BLOCK = "schema_registry"
+
 #: Hosts that mean "this machine" in a configuration's endpoint.
 _LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]", "0.0.0.0")
 
@@ -105,6 +109,8 @@ def example_environment(broker: str, settings: dict[str, Any]) -> dict[str, str]
         }
     if broker == "servicebus":
         return {"SERVICEBUS_CONNECTION_STRING": str(settings["connection_string"])}
+    if broker == REGISTRY:
+        return {"SCHEMA_REGISTRY_URL": str(settings[REGISTRY_BLOCK]["url"])}
     return {}
 
 
@@ -182,6 +188,9 @@ def _plan_from_config(broker: str, path: Path, cli_topics: list[str], plan: _Pla
         cfg = load_config(path)
     except ConfigError as exc:
         _fail(f"--config: invalid configuration\n{exc}", 2)
+    if broker == REGISTRY:
+        _plan_registry(cfg, path, plan)
+        return
     streams = [s for s in cfg.streams.values() if s.connector_name == broker]
     if not streams:
         known = ", ".join(sorted({s.connector_name for s in cfg.streams.values()})) or "none"
@@ -228,6 +237,26 @@ def _plan_from_config(broker: str, path: Path, cli_topics: list[str], plan: _Pla
             port = _local_port(c.namespace, where)
         if port is not None:
             plan.listen_on(port, where)
+
+
+def _plan_registry(cfg: Any, path: Path, plan: _Plan) -> None:
+    """Listen where the ``schema_registry`` blocks of ``cfg``'s streams reach."""
+    registries = [
+        (name, s.config.schema_registry)
+        for name, s in cfg.streams.items()
+        if getattr(s.config, REGISTRY_BLOCK, None) is not None
+    ]
+    if not registries:
+        _fail(f"{path} has no stream with a {REGISTRY_BLOCK} block", 2)
+    for name, registry in registries:
+        where = f"{path}: stream {name}"
+        parts = urlsplit(registry.url.split(",")[0])
+        if parts.port is None:
+            continue
+        if (parts.hostname or "") not in _LOCAL_HOSTS:
+            _err.print(f"warning: {where} reaches {parts.netloc}, not this machine", style="yellow")
+            continue
+        plan.listen_on(parts.port, where)
 
 
 @contextmanager
@@ -321,6 +350,15 @@ def _create_sqs(settings: dict[str, Any], plan: _Plan) -> None:
 
 def _settings_text(broker: str, backend: str, endpoint: str, settings: dict[str, Any]) -> str:
     """The YAML to paste into a stream block, with comments on what is what."""
+    if broker == REGISTRY:
+        lines = [
+            f"# the {broker} emulator ({backend}) at {endpoint}: the block of a Kafka stream",
+            "# with value_format avro, protobuf or json_schema (docs/schema-registry.md)",
+            yaml.safe_dump(settings, sort_keys=False).rstrip(),
+        ]
+        env = example_environment(broker, settings)
+        lines += [f"#   export {name}='{value}'" for name, value in env.items()]
+        return "\n".join(lines)
     lines = [f"# the {broker} emulator ({backend}) at {endpoint}: the fields of a stream block"]
     # Values as JSON strings (YAML's double-quoted scalars): a value that the output's
     # redaction masks (a configuration's ${AWS_SECRET_ACCESS_KEY:-testing}) stays YAML.
@@ -416,6 +454,15 @@ def start(
     partitions: Annotated[
         int, typer.Option("--partitions", min=1, help="Partitions of each Kafka topic created.")
     ] = 1,
+    user: Annotated[
+        str | None,
+        typer.Option(
+            "--user",
+            metavar="NAME:PASSWORD",
+            help="schema-registry (local backend): ask for HTTP basic authentication.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Start BROKER's emulator, create what is asked, print its settings, run until Ctrl-C."""
     if broker not in brokers():
@@ -431,6 +478,12 @@ def start(
         _fail(f"--subscription is for {' and '.join(_SUBSCRIPTIONS)}, not {broker}", 2)
     if queues and broker not in _QUEUES:
         _fail(f"--queue is for {' and '.join(_QUEUES)}, not {broker}", 2)
+    credentials: tuple[str, str] | None = None
+    if user is not None:
+        name, sep, password = user.partition(":")
+        if broker != REGISTRY or not sep or not name:
+            _fail(f"--user NAME:PASSWORD is for {REGISTRY}", 2)
+        credentials = (name, password)
     plan = _Plan()
     for spec in subscription or ():
         plan.add_subscription(*_subscription_spec(spec, topics))
@@ -452,7 +505,7 @@ def start(
         _servicebus_config(plan) if broker == "servicebus" else nullcontext()
     )
     with declared as entities:
-        _start(broker, backend, port, output, entities, plan, partitions)
+        _start(broker, backend, port, output, entities, plan, partitions, credentials)
 
 
 def _start(
@@ -463,8 +516,11 @@ def _start(
     config: Path | None,
     plan: _Plan,
     partitions: int,
+    credentials: tuple[str, str] | None = None,
 ) -> None:
     options: dict[str, Any] = {} if port is None else {"port": port}
+    if credentials is not None:
+        options["user"] = credentials
     if config is not None:
         options["config"] = config
     if broker == "pubsub" and plan.project is not None:
@@ -472,7 +528,7 @@ def _start(
     try:
         emulator = emulator_for(broker, backend.value if backend else None, **options)
     except TypeError:
-        _fail(f"the {broker} emulator on this backend does not take --port", 2)
+        _fail(f"the {broker} emulator on this backend does not take --port or --user", 2)
     except (EmulatorError, ImportError) as exc:
         _fail(str(exc))
 
@@ -489,7 +545,11 @@ def _start(
         except EmulatorError as exc:
             _fail(str(exc))
         try:
-            settings: dict[str, Any] = {"connector": broker, **emulator.client_settings()}
+            settings: dict[str, Any] = (
+                {REGISTRY_BLOCK: emulator.client_settings()}
+                if broker == REGISTRY
+                else {"connector": broker, **emulator.client_settings()}
+            )
             if plan.project is not None:
                 settings["project"] = plan.project
             try:

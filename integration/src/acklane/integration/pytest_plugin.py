@@ -65,3 +65,11 @@ def pubsub_emulator() -> Iterator[Emulator]:
 def servicebus_emulator() -> Iterator[Emulator]:
     """An Azure Service Bus namespace: acklane's emulator locally, Microsoft's under Docker."""
     yield from _session_emulator("servicebus")
+
+
+@pytest.fixture(scope="session")
+def schema_registry_emulator() -> Iterator[Emulator]:
+    """A Confluent Schema Registry API: acklane's emulator locally, Confluent's image
+    (with a Kafka broker of its own) under Docker. ``client_settings()`` is a Kafka
+    stream's ``schema_registry:`` block, ``client_conf()`` a ``SchemaRegistryClient``'s."""
+    yield from _session_emulator("schema-registry")

@@ -107,6 +107,15 @@ def _messages(
             yield OutgoingMessage(line, key, attributes)
 
 
+def _schema_text(path: Path | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        return path.read_text()
+    except OSError as exc:
+        raise _UsageError(f"--schema {path}: {exc.strerror or exc}") from None
+
+
 class _Counted:
     """Lines of a binary stream, counting the bytes read (for the progress bar)."""
 
@@ -192,6 +201,23 @@ def publish(
             show_default=False,
         ),
     ] = None,
+    schema: Annotated[
+        Path | None,
+        typer.Option(
+            "--schema",
+            help="Kafka streams with a value_format (avro, json_schema): encode each JSON body "
+            "with this schema, registered if new (default: the subject's latest).",
+            show_default=False,
+        ),
+    ] = None,
+    key_schema: Annotated[
+        Path | None,
+        typer.Option(
+            "--key-schema",
+            help="The same for keys (key_format avro, json_schema).",
+            show_default=False,
+        ),
+    ] = None,
     envelope: Annotated[
         bool,
         typer.Option(
@@ -223,6 +249,8 @@ def publish(
     try:
         attributes = _attributes(attribute or ())
         publisher = chosen.connector.create_publisher(chosen.config, destination=topic)
+        if schema is not None or key_schema is not None:
+            publisher.encode_with(_schema_text(schema), _schema_text(key_schema))
     except _UsageError as exc:
         _fail(str(exc), 2)
     except PublishNotSupported as exc:

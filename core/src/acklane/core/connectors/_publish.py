@@ -69,6 +69,16 @@ class Publisher(ABC):
     async def send(self, messages: Sequence[OutgoingMessage]) -> None:
         """Send the messages, in order, and wait until the broker has them all."""
 
+    def encode_with(self, value_schema: str | None, key_schema: str | None) -> None:
+        """Encode bodies (and keys) with these schemas (``acklane publish --schema``).
+
+        For streams whose broker frames bodies for a schema registry (Kafka's
+        ``value_format``); every other publisher refuses with :class:`PublishNotSupported`.
+        """
+        raise PublishNotSupported(
+            f"{self.destination}: this stream sends bodies as they are (no schema to encode with)"
+        )
+
     async def aclose(self) -> None:
         """Release the clients (flushing what is pending)."""
         return None

@@ -49,6 +49,39 @@ def offline_problems(config: KafkaConfig) -> list[tuple[str, str]]:
             problems.append((field, f"{value}: no such file"))
         elif path.is_file() and not _readable(path):
             problems.append((field, f"{value}: not readable"))
+    return problems + _format_problems(config)
+
+
+def _format_problems(config: KafkaConfig) -> list[tuple[str, str]]:
+    """A value/key format whose decoder is not installed, a message class that does not
+    import, a registry TLS file that is not there."""
+    if not config.decodes():
+        return []
+    from acklane.core.errors import AcklaneError
+
+    from ._formats import Formats, load_message_class
+
+    problems: list[tuple[str, str]] = []
+    for side in ("value", "key"):
+        spec = getattr(config, f"{side}_message_class")
+        if spec is not None:
+            try:
+                load_message_class(spec)
+            except AcklaneError as exc:
+                problems.append((f"{side}_message_class", str(exc)))
+    registry = config.schema_registry
+    assert registry is not None
+    for field in ("ssl_ca_location", "ssl_certificate_location", "ssl_key_location"):
+        value = getattr(registry, field)
+        if value is not None and not Path(value).expanduser().exists():
+            problems.append((f"schema_registry.{field}", f"{value}: no such file"))
+    if not problems:
+        try:
+            Formats(config)  # the deserializers import (their extras are installed)
+        except AcklaneError as exc:
+            problems.append(
+                (f"{'value' if config.value_format != 'json' else 'key'}_format", str(exc))
+            )
     return problems
 
 

@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from typing import Any, ClassVar, Literal, Self
 
 from pydantic import (
+    BaseModel,
+    ConfigDict,
     Field,
     SecretStr,
     ValidationInfo,
@@ -16,7 +18,7 @@ from pydantic import (
 
 from acklane.core.connectors import StreamSettings
 
-__all__ = ["ClientValue", "KafkaConfig"]
+__all__ = ["ClientValue", "KafkaConfig", "SchemaRegistrySettings"]
 
 ClientValue = bool | int | str
 
@@ -71,6 +73,68 @@ _WHY_NO_AUTO_COMMIT = (
     "trigger events are stored; librdkafka's auto-commit would commit behind its back "
     "and lose messages on a crash"
 )
+
+
+#: ``value_format``: what a record's value is (``json``: the bytes as they come, as before).
+ValueFormat = Literal["json", "avro", "protobuf", "json_schema"]
+#: ``key_format``: what a record's key is (``string``: UTF-8 text, as before).
+KeyFormat = Literal["string", "avro", "protobuf", "json_schema"]
+#: The formats framed for a Schema Registry (magic byte 0, a 4-byte schema id).
+REGISTRY_FORMATS = frozenset({"avro", "protobuf", "json_schema"})
+_MESSAGE_CLASS = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
+
+
+class SchemaRegistrySettings(BaseModel):
+    """A Kafka stream's ``schema_registry:`` block: where the schemas of its records are.
+
+    Maps onto confluent-kafka's ``SchemaRegistryClient`` configuration; ``client``
+    passes any other of its properties through (``cache.capacity``, ``max.retries``...).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    url: str = Field(description="the registry's URL (several: comma-separated)")
+    username: str | None = Field(default=None, description="HTTP basic authentication user")
+    password: SecretStr | None = Field(default=None, description="... and its password")
+    ssl_ca_location: str | None = None
+    ssl_certificate_location: str | None = None
+    ssl_key_location: str | None = None
+    ssl_key_password: SecretStr | None = None
+    timeout: float = Field(default=10.0, gt=0, description="seconds one request may take")
+    client: dict[str, ClientValue] = Field(
+        default_factory=dict, description="other SchemaRegistryClient properties"
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _urls(cls, value: str) -> str:
+        urls = [u.strip() for u in value.split(",") if u.strip()]
+        if not urls or not all(u.startswith(("http://", "https://")) for u in urls):
+            raise ValueError(f"{value!r}: expected http(s)://host:port (comma-separated)")
+        return ",".join(urls)
+
+    @model_validator(mode="after")
+    def _credentials(self) -> Self:
+        if (self.username is None) != (self.password is None):
+            missing = "password" if self.password is None else "username"
+            raise ValueError(f"schema_registry.{missing} is required with the other credential")
+        if self.username is not None and any("@" in u.split("/")[2] for u in self.url.split(",")):
+            raise ValueError("schema_registry: credentials in the url and username: choose one")
+        if "basic.auth.user.info" in self.client or "url" in self.client:
+            raise ValueError("set url, username and password as fields, not in client")
+        return self
+
+    def client_conf(self) -> dict[str, Any]:
+        """confluent-kafka ``SchemaRegistryClient`` configuration (secrets included)."""
+        conf: dict[str, Any] = {"url": self.url, "timeout": self.timeout}
+        if self.username is not None and self.password is not None:
+            conf["basic.auth.user.info"] = f"{self.username}:{self.password.get_secret_value()}"
+        for name in ("ssl_ca_location", "ssl_certificate_location", "ssl_key_location"):
+            if getattr(self, name) is not None:
+                conf[name.replace("_", ".")] = getattr(self, name)
+        if self.ssl_key_password is not None:
+            conf["ssl.key.password"] = self.ssl_key_password.get_secret_value()
+        return {**conf, **self.client}
 
 
 class KafkaConfig(StreamSettings):
@@ -148,6 +212,25 @@ class KafkaConfig(StreamSettings):
     dead_letter_client: dict[str, ClientValue] = Field(
         default_factory=dict,
         description="extra librdkafka properties for the dead-letter producer only",
+    )
+
+    # -- bodies framed for a Schema Registry (docs/schema-registry.md)
+    value_format: ValueFormat = Field(
+        default="json",
+        description="what record values are: json (as they come), or avro, protobuf or "
+        "json_schema framed for a Schema Registry (decoded into the body filters see)",
+    )
+    key_format: KeyFormat = Field(
+        default="string", description="what record keys are: string (UTF-8), avro, protobuf..."
+    )
+    value_message_class: str | None = Field(
+        default=None, description="value_format protobuf: the generated class, module:Class"
+    )
+    key_message_class: str | None = Field(
+        default=None, description="key_format protobuf: the generated class, module:Class"
+    )
+    schema_registry: SchemaRegistrySettings | None = Field(
+        default=None, description="the Schema Registry of value_format/key_format"
     )
 
     @model_validator(mode="before")
@@ -250,7 +333,34 @@ class KafkaConfig(StreamSettings):
         if (self.sasl_username is None) != (self.sasl_password is None):
             missing = "sasl_password" if self.sasl_password is None else "sasl_username"
             raise ValueError(f"{missing} is required with the other SASL credential")
+        self._consistent_formats()
         return self
+
+    def _consistent_formats(self) -> None:
+        framed = [
+            f"{side}_format {fmt}"
+            for side, fmt in (("value", self.value_format), ("key", self.key_format))
+            if fmt in REGISTRY_FORMATS
+        ]
+        if framed and self.schema_registry is None:
+            raise ValueError(f"{' and '.join(framed)} need a schema_registry block (its url)")
+        for side, fmt, cls in (
+            ("value", self.value_format, self.value_message_class),
+            ("key", self.key_format, self.key_message_class),
+        ):
+            if fmt == "protobuf" and cls is None:
+                raise ValueError(
+                    f"{side}_format protobuf needs {side}_message_class: the generated message "
+                    "class, module:Class (confluent-kafka's ProtobufDeserializer decodes into it)"
+                )
+            if cls is not None and fmt != "protobuf":
+                raise ValueError(f"{side}_message_class is for {side}_format protobuf, not {fmt}")
+            if cls is not None and not _MESSAGE_CLASS.fullmatch(cls):
+                raise ValueError(f"{side}_message_class {cls!r}: expected module:Class")
+
+    def decodes(self) -> bool:
+        """Whether values or keys are decoded through a Schema Registry."""
+        return self.value_format in REGISTRY_FORMATS or self.key_format in REGISTRY_FORMATS
 
     # -- what the rest of the connector reads
 
@@ -327,7 +437,12 @@ class KafkaConfig(StreamSettings):
     def describe(self) -> str:
         """A secret-free one-liner for logs."""
         dlq = f" dead_letter={self.dead_letter}" if self.dead_letter else ""
+        formats = ""
+        if self.decodes():
+            formats = f" value_format={self.value_format}"
+            if self.key_format != "string":
+                formats += f" key_format={self.key_format}"
         return (
             f"kafka servers={self.bootstrap_servers} topics={','.join(self.topics)} "
-            f"group={self.group_id}{dlq}"
+            f"group={self.group_id}{dlq}{formats}"
         )

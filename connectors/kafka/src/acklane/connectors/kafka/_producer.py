@@ -64,6 +64,7 @@ from acklane.core.producer import (
 )
 
 from ._config import KafkaConfig
+from ._formats import prefetcher, record_type
 from ._health import AUTH_CODES, ClientHealth, QuietClientLog, auth_error
 from ._message import _UNSET, KafkaDelivery, KafkaMessage, id_prefix
 
@@ -260,6 +261,9 @@ class KafkaStreamProducer(SharedStreamProducer[KafkaDelivery]):
             refused_error=_Refused,
             failed_error=KafkaAdvanceError,
         )
+        # KafkaMessage, or a class that decodes Schema Registry framing (_formats.py)
+        self._record_type = record_type(config)
+        self._prefetch = prefetcher(self._record_type)  # on the consumer thread, or None
         self._executor: ThreadPoolExecutor | None = None
         self._opened = False
         self._closed = False
@@ -773,7 +777,7 @@ class KafkaStreamProducer(SharedStreamProducer[KafkaDelivery]):
         books: tuple[int, str] | None = None  # the last record's partition's, by identity
         fetching = self._fetching
         awaiting = self._ledger.awaiting
-        record = KafkaMessage
+        record = self._record_type
         for m in messages:
             error = m.error()
             if error is not None:
@@ -798,6 +802,8 @@ class KafkaStreamProducer(SharedStreamProducer[KafkaDelivery]):
             out.append(record(m, lane[0], tp, offset, lane[1]))
         if self._unanchored and out:
             self._anchor(out)
+        if self._prefetch is not None and out:
+            self._prefetch(out)
         self.stats.delivered += len(out)
         return epoch, out, starts
 

@@ -7,7 +7,12 @@ import logging
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from acklane.core.connectors import OutgoingMessage, Publisher, PublishError
+from acklane.core.connectors import (
+    OutgoingMessage,
+    Publisher,
+    PublishError,
+    PublishNotSupported,
+)
 
 from ._config import KafkaConfig
 
@@ -48,6 +53,17 @@ class KafkaPublisher(Publisher):
         self.topic = topic
         self._producer: Any = None
         self._fatal: str | None = None
+        # value_format/key_format framed for a Schema Registry: the schemas to encode with
+        self._schemas: tuple[str | None, str | None] = (None, None)
+        self._encoder: Any = None
+
+    def encode_with(self, value_schema: str | None, key_schema: str | None) -> None:
+        if not self.config.decodes():
+            raise PublishNotSupported(
+                f"{self.destination}: the stream's value_format is {self.config.value_format} "
+                f"and its key_format {self.config.key_format}: no schema to encode with"
+            )
+        self._schemas = (value_schema, key_schema)
 
     @property
     def destination(self) -> str:
@@ -79,14 +95,32 @@ class KafkaPublisher(Publisher):
             if error is not None:
                 failures.append(f"{error.name()}: {error.str()}")
 
-        for message in messages:
+        if self._encoder is None and self.config.decodes():
+            from ._formats import Encoder
+
+            try:
+                self._encoder = Encoder(self.config, *self._schemas)
+            except Exception as exc:
+                raise PublishError(f"{self.destination}: {exc}") from exc
+        encoder = self._encoder
+        for number, message in enumerate(messages, 1):
             headers = [(k, v.encode()) for k, v in message.attributes.items()] or None
+            value: bytes = message.body
+            key: bytes | str | None = message.key
+            if encoder is not None:
+                try:
+                    value, key = encoder.encode(self.topic, value, key, headers)
+                except Exception as exc:
+                    raise PublishError(
+                        f"{self.destination}: message {number} could not be encoded "
+                        f"({self.config.value_format}): {exc}"
+                    ) from exc
             while True:
                 try:
                     producer.produce(
                         self.topic,
-                        value=message.body,
-                        key=message.key,
+                        value=value,
+                        key=key,
                         headers=headers,
                         on_delivery=delivered,
                     )
