@@ -101,6 +101,7 @@ class EngineCollector(Collector):
         yield from (broadcast, outcomes, batches, advanced, seconds, unclaimed, heads, depth)
         yield actions
         yield from _poison_metrics(self.runner)
+        yield from _lag_metrics(self.runner)
         yield from _sink_metrics(self.runner)
         store = self.runner._store
         if store is not None:
@@ -136,6 +137,47 @@ def _poison_metrics(runner: Runner) -> Iterator[Metric]:
         failures.add_metric([book.key_text], book.failures)
         poisoned.add_metric([book.key_text], book.poisoned)
     yield from (restarts, failures, poisoned)
+
+
+def _lag_metrics(runner: Runner) -> Iterator[Metric]:
+    """Per stream and partition (or queue): what waits for it on its broker, as its
+    probe last read it (:mod:`acklane.core.observe.lag`); shaped for KEDA's
+    Prometheus scaler and an HPA on an external metric (one series per partition,
+    ``sum by (stream)`` is the stream's lag)."""
+    labels = ["broker", "stream", "partition"]
+    lag = GaugeMetricFamily(
+        "acklane_stream_lag",
+        "Messages waiting for the stream on its broker (Kafka: log end minus committed "
+        "offset; SQS: visible; Service Bus: active), at the last read",
+        labels=labels,
+    )
+    backlog = GaugeMetricFamily(
+        "acklane_stream_backlog",
+        "The broker's own counts by state (SQS: visible, in_flight, delayed), at the last read",
+        labels=[*labels, "state"],
+    )
+    age = GaugeMetricFamily(
+        "acklane_stream_lag_age_seconds",
+        "Seconds since the stream's backlog was last read (it grows while reads fail)",
+        labels=["broker", "stream"],
+    )
+    failures = CounterMetricFamily(
+        "acklane_stream_lag_read_failures",
+        "Reads of the stream's backlog that failed",
+        labels=["broker", "stream"],
+    )
+    for entry in list(runner.lag.streams.values()):
+        stream = entry.streams
+        failures.add_metric([entry.broker, stream], entry.failures)
+        seconds = entry.age()
+        if seconds is None:
+            continue
+        age.add_metric([entry.broker, stream], seconds)
+        for b in entry.backlog:
+            lag.add_metric([entry.broker, stream, b.partition], b.lag)
+            for state, value in b.states:
+                backlog.add_metric([entry.broker, stream, b.partition, state], value)
+    yield from (lag, backlog, age, failures)
 
 
 def _sink_metrics(runner: Runner) -> Iterator[Metric]:
