@@ -280,3 +280,32 @@ async def test_a_running_pipeline_shows_its_kafka_lag_falling_to_zero(
         server.close()
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("progress")]
     assert lines and "lag=0 " in lines[-1]
+
+
+# ------------------------------------------------------------------ Service Bus
+
+
+async def test_servicebus_backlog_is_counted_by_peeking(servicebus_emulator: Emulator) -> None:
+    from acklane.connectors.servicebus import ServiceBusConfig
+    from acklane.connectors.servicebus._lag import ServiceBusBacklogProbe
+    from acklane.integration.servicebus import ServiceBusEmulator, ServiceBusKit
+
+    assert isinstance(servicebus_emulator, ServiceBusEmulator)
+    bus = servicebus_emulator
+    queue = bus.create_queue(lock_duration=30, max_delivery_count=1)
+    kit = ServiceBusKit(bus.connection_string)
+    await asyncio.to_thread(kit.send, queue, [f'{{"id": {i}}}' for i in range(7)])
+    probe = ServiceBusBacklogProbe(
+        ServiceBusConfig(connection_string=bus.connection_string, queue=queue)
+    )
+    try:
+        (backlog,) = await probe.read()
+        assert (backlog.partition, backlog.lag) == (queue, 7)
+        assert dict(backlog.states) == {"messages": 7, "dead_letter": 0}
+        # two received and completed: 5 left; nothing the probe did settled anything
+        assert len(await asyncio.to_thread(kit.receive, queue, 2)) == 2
+        (backlog,) = await probe.read()
+        assert backlog.lag == 5
+        assert bus.counts(queue)["messages"] == 5
+    finally:
+        await probe.aclose()
