@@ -59,6 +59,8 @@ class StreamProgress:
     rejected: int = 0
     failed: int = 0
     restarts: int = 0
+    #: ``events`` by watcher.
+    watcher_events: dict[str, int] = field(default_factory=dict)
     #: ``received`` of the polls that ended (their group was replaced).
     _received_before: int = 0
     _group: GroupStats | None = None

@@ -220,6 +220,8 @@ class _Cohort:
         key = self.key
         key_text = self.key_text
         progress = self.progress
+        fired = progress.watcher_events
+        fired.setdefault(name, 0)
         try:
             # manager.events() without its generator step per event: the filter's own
             # iterator, and the subscription's failure and close done here
@@ -250,6 +252,7 @@ class _Cohort:
                         try:
                             await store.put(record, None if bound is None else bound.seq)
                             progress.events += 1
+                            fired[name] += 1
                         except TypeError as exc:
                             # Not JSON: it can never be stored. Dead-letter the raw event
                             # (its binding window is still open) instead of looping on it.
