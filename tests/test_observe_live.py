@@ -209,26 +209,28 @@ def test_top_under_tmux_shows_the_figures_move(live: Live, tmp_path: Path) -> No
 
 
 def test_top_once_prints_one_frame(live: Live) -> None:
+    from typer.testing import CliRunner
+
+    from acklane.core.cli.app import app
+
     _until_scraped(live, {"acklane_watcher_events_total"})
-    done = subprocess.run(
-        [*ACKLANE, "top", "--once", "--url", live.url, "--interval", "0.3"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={"COLUMNS": "160", "PATH": "/usr/bin:/bin"},
+    done = CliRunner().invoke(
+        app, ["top", "--once", "--url", live.url, "--interval", "0.3"], env={"COLUMNS": "160"}
     )
-    assert done.returncode == 0, done.stderr
-    assert _row(done.stdout, "orders")[1] == "polling"
-    assert _row(done.stdout, "all-orders")
+    assert done.exit_code == 0, done.output
+    assert _row(done.output, "orders")[1] == "polling"
+    assert _row(done.output, "all-orders")
 
 
 def test_top_says_when_nothing_answers() -> None:
+    from typer.testing import CliRunner
+
+    from acklane.core.cli.app import app
+
     url = f"http://127.0.0.1:{free_port()}"
-    done = subprocess.run(
-        [*ACKLANE, "top", "--once", "--url", url], capture_output=True, text=True, timeout=60
-    )
-    assert done.returncode == 1
-    assert f"no answer from {url}" in done.stdout
+    done = CliRunner().invoke(app, ["top", "--once", "--url", url], env={"COLUMNS": "160"})
+    assert done.exit_code == 1
+    assert f"no answer from {url}" in done.output
 
 
 # ------------------------------------------------------------------ dashboard and alerts
