@@ -7,7 +7,9 @@ batch per partition and read).
 then ``acklane run`` (the real CLI, a subprocess) consumes them with 3 watchers into
 SQLite; trigger events/s from the rows' commit times, as ``bench/runner.py`` measures
 them. The two settings alternate (off, on, off, on, ...) so that a busy moment of the
-machine falls on both; the best of each and their ratio are printed.
+machine falls on both; the best of each and their ratio are printed. Then the
+probe alone: the wall and CPU time of one read of a 4-partition topic, both ways
+(``--reads`` reads each).
 
     uv run python bench/lag.py
     uv run python bench/lag.py --messages 30000 --rounds 3
@@ -16,8 +18,10 @@ machine falls on both; the best of each and their ratio are printed.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -56,11 +60,50 @@ def once(emulator: Any, messages: int, lag_interval: float, timeout: float) -> f
     return events / seconds if seconds > 0 else float("nan")
 
 
+def probe_reads(emulator: Any, reads: int) -> dict[str, tuple[float, float]]:
+    """Milliseconds of wall and CPU time per read of a 4-partition topic, by mode."""
+    from acklane.connectors.kafka import KafkaConfig
+    from acklane.connectors.kafka._lag import KafkaBacklogProbe
+
+    adapter = adapter_for("kafka", emulator)
+    try:
+        adapter.produce([json.dumps({"n": i}) for i in range(10_000)])
+        block = adapter.stream_block()
+        out = {}
+        for mode in ("broker", "last_batch"):
+            config = KafkaConfig(
+                bootstrap_servers=block["bootstrap_servers"],
+                topics=block["topics"],
+                group_id=block["group_id"],
+                lag_end_offsets=mode,
+            )
+
+            async def measure(config: KafkaConfig = config) -> tuple[float, float]:
+                probe = KafkaBacklogProbe(config)
+                try:
+                    await probe.read()  # connect first
+                    wall, cpu = time.perf_counter(), time.process_time()
+                    for _ in range(reads):
+                        await probe.read()
+                    return (
+                        (time.perf_counter() - wall) * 1000 / reads,
+                        (time.process_time() - cpu) * 1000 / reads,
+                    )
+                finally:
+                    await probe.aclose()
+
+            out[mode] = asyncio.run(measure())
+        return out
+    finally:
+        adapter.close()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--messages", type=int, default=50_000)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument("--reads", type=int, default=20)
     args = parser.parse_args()
     rates: dict[str, list[float]] = {"off": [], "on": []}
     with started_emulator("kafka") as emulator:
@@ -70,6 +113,8 @@ def main() -> int:
                 rate = once(emulator, args.messages, interval, args.timeout)
                 rates[name].append(rate)
                 print(f"round {round_ + 1} lag {name:<3} {rate:>10,.0f} events/s", flush=True)
+        for mode, (wall, cpu) in probe_reads(emulator, args.reads).items():
+            print(f"one probe read ({mode}, 4 partitions): {wall:.1f} ms wall, {cpu:.1f} ms CPU")
     off, on = max(rates["off"]), max(rates["on"])
     print(f"best: off {off:,.0f}  on {on:,.0f}  on/off {on / off:.3f}")
     return 0

@@ -73,6 +73,9 @@ class KafkaBacklogProbe(BacklogProbe):
             }
             settings |= {
                 "enable.partition.eof": True,
+                # a last-batch read wants its batch now: a broker that holds a fetch for
+                # all of fetch.wait.max.ms (tansu does, 500 ms by default) slows each read
+                "fetch.wait.max.ms": 10,
                 "logger": _client_log,
                 "client.id": "acklane-lag",
             }
