@@ -321,3 +321,36 @@ async def test_servicebus_backlog_is_counted_by_peeking(servicebus_emulator: Emu
         assert bus.counts(queue)["messages"] == 5
     finally:
         await probe.aclose()
+
+
+async def test_closing_a_kafka_probe_does_not_wait_for_a_read_in_progress() -> None:
+    from acklane.integration.emulator import free_port
+
+    probe = KafkaBacklogProbe(
+        KafkaConfig(bootstrap_servers=f"127.0.0.1:{free_port()}", topics=["t"], group_id="g")
+    )
+    reading = asyncio.ensure_future(probe.read())  # nobody answers: 5 s to time out
+    await asyncio.sleep(0.3)
+    reading.cancel()
+    started = asyncio.get_running_loop().time()
+    await probe.aclose()
+    assert asyncio.get_running_loop().time() - started < 1
+    with pytest.raises(asyncio.CancelledError):
+        await reading
+
+
+def test_the_connectors_without_figures_say_so() -> None:
+    from acklane.connectors.servicebus import ServiceBusConfig
+    from acklane.core.connectors import load_connector
+
+    sessions = ServiceBusConfig(
+        connection_string="Endpoint=sb://h/;SharedAccessKeyName=k;SharedAccessKey=v",
+        queue="q",
+        sessions=True,
+    )
+    assert load_connector("servicebus").backlog_probe(sessions) is None
+    pubsub = load_connector("pubsub")
+    config = pubsub.config_model.model_validate(
+        {"project": "proj", "subscription": "orders", "emulator_host": "127.0.0.1:1"}
+    )
+    assert pubsub.backlog_probe(config) is None

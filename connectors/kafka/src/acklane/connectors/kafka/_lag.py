@@ -55,6 +55,7 @@ class KafkaBacklogProbe(BacklogProbe):
         self.config = config
         self._consumer: Any = None
         self._lock = threading.Lock()  # one read at a time, and none during close
+        self._closing = False
 
     async def read(self) -> Sequence[Backlog]:
         return await asyncio.to_thread(self._read)
@@ -83,10 +84,21 @@ class KafkaBacklogProbe(BacklogProbe):
         return self._consumer
 
     def _close(self) -> None:
-        with self._lock:
-            if self._consumer is not None:
-                consumer, self._consumer = self._consumer, None
-                consumer.close()
+        """Close now, or, while a read runs (its task was cancelled, its thread goes on
+        until the broker answered or timed out), let that read close when it ends: a
+        shutdown does not wait for it."""
+        self._closing = True
+        if not self._lock.acquire(blocking=False):
+            return
+        try:
+            self._drop()
+        finally:
+            self._lock.release()
+
+    def _drop(self) -> None:
+        if self._consumer is not None:
+            consumer, self._consumer = self._consumer, None
+            consumer.close()
 
     def _partitions(self, consumer: Any) -> list[TopicPartition]:
         metadata = consumer.list_topics(timeout=_CALL_TIMEOUT)
@@ -105,30 +117,39 @@ class KafkaBacklogProbe(BacklogProbe):
 
     def _read(self) -> list[Backlog]:
         with self._lock:
-            consumer = self._client()
-            partitions = self._partitions(consumer)
-            if not partitions:
-                return []
-            committed = {
-                (tp.topic, tp.partition): tp.offset
-                for tp in consumer.committed(partitions, timeout=_CALL_TIMEOUT)
-            }
-            ends: dict[tuple[str, int], tuple[int, int]] = {}
-            for tp in partitions:
-                low, high = consumer.get_watermark_offsets(tp, timeout=_CALL_TIMEOUT, cached=False)
-                ends[(tp.topic, tp.partition)] = (low, high)
-            if self.config.lag_end_offsets == "last_batch":
-                ends = self._last_batch_ends(consumer, ends)
-            from_start = not self.config.starts_at_the_end()
-            out = []
-            for tp in partitions:
-                where = (tp.topic, tp.partition)
-                low, high = ends[where]
-                done = committed.get(where, -1)
-                if done is None or done < 0:  # no committed offset yet
-                    done = low if from_start else high
-                out.append(Backlog(f"{tp.topic}/{tp.partition}", float(max(0, high - done))))
-            return out
+            if self._closing:
+                raise RuntimeError("the probe is closed")
+            try:
+                return self._read_locked()
+            finally:
+                if self._closing:
+                    self._drop()
+
+    def _read_locked(self) -> list[Backlog]:
+        consumer = self._client()
+        partitions = self._partitions(consumer)
+        if not partitions:
+            return []
+        committed = {
+            (tp.topic, tp.partition): tp.offset
+            for tp in consumer.committed(partitions, timeout=_CALL_TIMEOUT)
+        }
+        ends: dict[tuple[str, int], tuple[int, int]] = {}
+        for tp in partitions:
+            low, high = consumer.get_watermark_offsets(tp, timeout=_CALL_TIMEOUT, cached=False)
+            ends[(tp.topic, tp.partition)] = (low, high)
+        if self.config.lag_end_offsets == "last_batch":
+            ends = self._last_batch_ends(consumer, ends)
+        from_start = not self.config.starts_at_the_end()
+        out = []
+        for tp in partitions:
+            where = (tp.topic, tp.partition)
+            low, high = ends[where]
+            done = committed.get(where, -1)
+            if done is None or done < 0:  # no committed offset yet
+                done = low if from_start else high
+            out.append(Backlog(f"{tp.topic}/{tp.partition}", float(max(0, high - done))))
+        return out
 
     def _last_batch_ends(
         self, consumer: Any, ends: dict[tuple[str, int], tuple[int, int]]
