@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.error
-import urllib.request
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,6 +60,9 @@ class Sample:
 
 
 def _fetch(url: str) -> tuple[int, str]:
+    import urllib.error  # here: `acklane`'s start-up does not pay for http.client
+    import urllib.request
+
     try:
         with urllib.request.urlopen(url, timeout=READ_TIMEOUT) as resp:
             return int(resp.status), resp.read().decode()
