@@ -555,8 +555,8 @@ def _add_subcommands() -> None:
     app.add_typer(events_app, name="events", help="See the trigger events that fired.")
     app.add_typer(sinks_app, name="sinks", help="See and steer the delivery to sinks.")
     app.add_typer(store_app, name="store", help="Read and write the task and asset stores.")
-    app.command("publish")(publish_command)
     app.command("top")(top_command)
+    app.command("publish")(publish_command)
     # Other distributions add theirs (acklane-integration: `acklane emulator`).
     added: set[str] = set()
     for ep in entry_points(group=COMMANDS_GROUP):
