@@ -559,3 +559,21 @@ def test_a_redacting_stream_whose_target_was_closed_is_collected_without_an_erro
     finally:
         sys.unraisablehook = previous
     assert raised == []
+
+
+def test_top_prints_no_secret(tmp_path: Path) -> None:
+    """``acklane top``: a password in ``--url`` is masked in every frame it prints, and
+    a configuration's secrets stay out of its error paths (no metrics port; broken)."""
+    url = f"http://watch:{SECRETS['PGPASS']}@127.0.0.1:1"
+    said = []
+    for args in (
+        ["top", "--once", "--url", url],
+        *(["top", "--once", str(cfg)] for cfg in _configs(tmp_path).values()),
+    ):
+        result = CliRunner().invoke(app, ["--log-level", "DEBUG", *args], env={"COLUMNS": "200"})
+        output = result.stdout + result.stderr
+        assert isinstance(result.exception, SystemExit), (args, output)
+        assert not _leaks(output), (args, _leaks(output), output)
+        said.append(output)
+    assert "no answer from http://watch:***@127.0.0.1:1" in said[0]
+    assert "metrics.port is not set" in said[1]

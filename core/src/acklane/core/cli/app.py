@@ -550,11 +550,13 @@ def _add_subcommands() -> None:
     from .sinks import app as sinks_app
     from .sinks import replay
     from .store import app as store_app
+    from .top import top as top_command
 
     events_app.command("replay")(replay)
     app.add_typer(events_app, name="events", help="See the trigger events that fired.")
     app.add_typer(sinks_app, name="sinks", help="See and steer the delivery to sinks.")
     app.add_typer(store_app, name="store", help="Read and write the task and asset stores.")
+    app.command("top")(top_command)
     app.command("publish")(publish_command)
     app.command("test")(test_command)
     # Other distributions add theirs (acklane-integration: `acklane emulator`).

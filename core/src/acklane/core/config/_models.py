@@ -48,6 +48,9 @@ class EngineSettings(_Settings):
     shutdown_timeout: float = Field(default=30.0, gt=0)
     #: Seconds between two INFO progress lines per stream while running; 0 = none.
     progress_interval: float = Field(default=60.0, ge=0)
+    #: Seconds between two reads of each stream's backlog on its broker (the
+    #: acklane_stream_lag metrics, /readyz, progress lines); 0 = never read it.
+    lag_interval: float = Field(default=5.0, ge=0)
 
     @field_validator("restart_backoff_max")
     @classmethod

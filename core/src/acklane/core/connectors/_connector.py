@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Hashable, Mapping, Sequence
-from typing import Any, ClassVar, Generic
+from typing import TYPE_CHECKING, Any, ClassVar, Generic
 
 from pydantic import BaseModel
 from typing_extensions import TypeVar
 
 from ..producer import SharedStreamProducer
+
+if TYPE_CHECKING:
+    from ..observe.lag import BacklogProbe
 from ._publish import Publisher, PublishNotSupported
 from ._stream_settings import deprecated_names
 
@@ -67,6 +70,17 @@ class Connector(ABC, Generic[ConfigT]):
         raise PublishNotSupported(
             f"the {cls.name} connector cannot publish messages (it has no publisher)"
         )
+
+    @classmethod
+    def backlog_probe(cls, config: ConfigT) -> BacklogProbe | None:
+        """A :class:`~acklane.core.observe.lag.BacklogProbe` that reads how much waits for
+        the stream on the broker (``acklane_stream_lag``, ``/readyz``, progress lines).
+
+        Optional: the default, ``None``, means "this connector cannot tell". The probe
+        has clients of its own (never the producer's), connects lazily on its first
+        read, and changes nothing on the broker.
+        """
+        return None
 
     @classmethod
     def offline_problems(cls, config: ConfigT) -> Sequence[tuple[str, str]]:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, NoReturn
 if TYPE_CHECKING:
     from ..events import EventStore
     from ..sinks import Dispatcher
+    from .lag import LagMonitor
 
 __all__ = [
     "HEARTBEAT_INTERVAL",
@@ -87,6 +88,8 @@ class Health:
         self.store: EventStore | None = None
         #: The sinks' dispatcher, when the pipeline has sinks.
         self.sinks: Dispatcher | None = None
+        #: Each stream's backlog (its ``lag`` entry), when the runner reads it.
+        self.lag: LagMonitor | None = None
 
     def beat(self) -> None:
         self.heartbeat = self._clock()
@@ -122,6 +125,9 @@ class Health:
             broker = status.broker_problem
             if broker is not None:
                 entry["broker"] = broker
+            lag = None if self.lag is None else self.lag.of_key_text(status.key_text)
+            if lag is not None:
+                entry["lag"] = lag.detail()
             streams[status.streams] = entry
             if status.state != "polling":
                 why = f": {status.reason}" if status.reason else ""

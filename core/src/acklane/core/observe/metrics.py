@@ -101,6 +101,8 @@ class EngineCollector(Collector):
         yield from (broadcast, outcomes, batches, advanced, seconds, unclaimed, heads, depth)
         yield actions
         yield from _poison_metrics(self.runner)
+        yield from _stream_metrics(self.runner)
+        yield from _lag_metrics(self.runner)
         yield from _sink_metrics(self.runner)
         store = self.runner._store
         if store is not None:
@@ -136,6 +138,97 @@ def _poison_metrics(runner: Runner) -> Iterator[Metric]:
         failures.add_metric([book.key_text], book.failures)
         poisoned.add_metric([book.key_text], book.poisoned)
     yield from (restarts, failures, poisoned)
+
+
+def _stream_metrics(runner: Runner) -> Iterator[Metric]:
+    """Per stream (by its name, as the YAML gives it): the progress lines' counts, its
+    state, and each watcher's events; what ``acklane top``, the Grafana dashboard and
+    the alert rules read."""
+    messages = CounterMetricFamily(
+        "acklane_stream_messages",
+        "Messages of the stream: received (broadcast to its watchers), and handed back "
+        "to the connector as acked, rejected (dead-lettered or dropped) or failed",
+        labels=["stream", "outcome"],
+    )
+    events = CounterMetricFamily(
+        "acklane_stream_events", "Trigger events the stream's watchers stored", labels=["stream"]
+    )
+    restarts = CounterMetricFamily(
+        "acklane_stream_restarts", "Restarts of the stream's watchers", labels=["stream"]
+    )
+    state = GaugeMetricFamily(
+        "acklane_stream_state",
+        "1 for the stream's current state (starting, polling, restarting, stopped)",
+        labels=["stream", "state"],
+    )
+    ready = GaugeMetricFamily(
+        "acklane_stream_ready",
+        "1 when the stream polls and its broker answers (as /readyz says), else 0",
+        labels=["stream"],
+    )
+    watcher = CounterMetricFamily(
+        "acklane_watcher_events",
+        "Trigger events each watcher stored",
+        labels=["stream", "watcher"],
+    )
+    statuses = {s.key_text: s for s in list(runner.health.cohorts.values())}
+    for progress in list(runner.progress.streams.values()):
+        stream = progress.streams
+        for outcome, count in progress.counts().items():
+            if outcome != "events":
+                messages.add_metric([stream, outcome], count)
+        events.add_metric([stream], progress.events)
+        restarts.add_metric([stream], progress.restarts)
+        for name, count in list(progress.watcher_events.items()):
+            watcher.add_metric([stream, name], count)
+        status = statuses.get(progress.key_text)
+        if status is not None:
+            for name in ("starting", "polling", "restarting", "stopped"):
+                state.add_metric([stream, name], 1.0 if status.state == name else 0.0)
+            up = status.state == "polling" and status.broker_problem is None
+            ready.add_metric([stream], 1.0 if up else 0.0)
+    yield from (messages, events, restarts, state, ready, watcher)
+
+
+def _lag_metrics(runner: Runner) -> Iterator[Metric]:
+    """Per stream and partition (or queue): what waits for it on its broker, as its
+    probe last read it (:mod:`acklane.core.observe.lag`); shaped for KEDA's
+    Prometheus scaler and an HPA on an external metric (one series per partition,
+    ``sum by (stream)`` is the stream's lag)."""
+    labels = ["broker", "stream", "partition"]
+    lag = GaugeMetricFamily(
+        "acklane_stream_lag",
+        "Messages waiting for the stream on its broker (Kafka: log end minus committed "
+        "offset; SQS: visible; Service Bus: active), at the last read",
+        labels=labels,
+    )
+    backlog = GaugeMetricFamily(
+        "acklane_stream_backlog",
+        "The broker's own counts by state (SQS: visible, in_flight, delayed), at the last read",
+        labels=[*labels, "state"],
+    )
+    age = GaugeMetricFamily(
+        "acklane_stream_lag_age_seconds",
+        "Seconds since the stream's backlog was last read (it grows while reads fail)",
+        labels=["broker", "stream"],
+    )
+    failures = CounterMetricFamily(
+        "acklane_stream_lag_read_failures",
+        "Reads of the stream's backlog that failed",
+        labels=["broker", "stream"],
+    )
+    for entry in list(runner.lag.streams.values()):
+        stream = entry.streams
+        failures.add_metric([entry.broker, stream], entry.failures)
+        seconds = entry.age()
+        if seconds is None:
+            continue
+        age.add_metric([entry.broker, stream], seconds)
+        for b in entry.backlog:
+            lag.add_metric([entry.broker, stream, b.partition], b.lag)
+            for state, value in b.states:
+                backlog.add_metric([entry.broker, stream, b.partition, state], value)
+    yield from (lag, backlog, age, failures)
 
 
 def _sink_metrics(runner: Runner) -> Iterator[Metric]:

@@ -4,7 +4,7 @@ Every ``engine.progress_interval`` seconds the runner logs, per stream (one line
 shared poll: the streams that share a key share a line)::
 
     progress stream=orders received=1200 (+200) events=950 (+150) acked=1180 (+198)
-    rejected=12 (+2) failed=8 (+0) restarts=1 state=polling
+    rejected=12 (+2) failed=8 (+0) restarts=1 lag=340 state=polling
 
 Each count is cumulative since the runner started, with what it grew by since the
 previous line in parentheses:
@@ -17,7 +17,10 @@ previous line in parentheses:
   connector, by what the connector does with them: acked (commit, delete, ack,
   complete), rejected (dead-lettered, or dropped without a dead-letter destination),
   failed (not advanced past: redelivered);
-- ``restarts``: how many times the stream's watchers were restarted.
+- ``restarts``: how many times the stream's watchers were restarted;
+- ``lag``: what waits for the stream on its broker at the last read (see
+  :mod:`acklane.core.observe.lag`), absent when its connector cannot tell or
+  nothing was read yet.
 
 Counting ``acked``/``rejected``/``failed`` costs one step per advanced message;
 ``received`` is read from the group counters (sampled every second and at each
@@ -56,6 +59,8 @@ class StreamProgress:
     rejected: int = 0
     failed: int = 0
     restarts: int = 0
+    #: ``events`` by watcher.
+    watcher_events: dict[str, int] = field(default_factory=dict)
     #: ``received`` of the polls that ended (their group was replaced).
     _received_before: int = 0
     _group: GroupStats | None = None
@@ -77,13 +82,15 @@ class StreamProgress:
     def counts(self) -> dict[str, int]:
         return {name: int(getattr(self, name)) for name in COUNTS}
 
-    def line(self, state: str | None = None) -> str:
+    def line(self, state: str | None = None, lag: float | None = None) -> str:
         """The progress line; what grew is measured from the previous call."""
         now = self.counts()
         parts = [f"progress stream={self.streams}"]
         for name in COUNTS:
             parts.append(f"{name}={now[name]} (+{now[name] - self._last.get(name, 0)})")
         parts.append(f"restarts={self.restarts}")
+        if lag is not None:
+            parts.append(f"lag={lag:g}")
         if state is not None:
             parts.append(f"state={state}")
         self._last = now
@@ -129,20 +136,28 @@ class Progress:
             if progress is not None:
                 progress.observe_group(stats)
 
-    def report(self, state_of: Callable[[str], str | None] | None = None) -> None:
+    def report(
+        self,
+        state_of: Callable[[str], str | None] | None = None,
+        lag_of: Callable[[str], float | None] | None = None,
+    ) -> None:
         """Log one INFO line per stream."""
         self.sample()
         for progress in self.streams.values():
             state = None if state_of is None else state_of(progress.key_text)
-            log.info("%s", progress.line(state))
+            lag = None if lag_of is None else lag_of(progress.key_text)
+            log.info("%s", progress.line(state, lag))
 
     async def run_forever(
-        self, interval: float, state_of: Callable[[str], str | None] | None = None
+        self,
+        interval: float,
+        state_of: Callable[[str], str | None] | None = None,
+        lag_of: Callable[[str], float | None] | None = None,
     ) -> NoReturn:
         """Report every ``interval`` seconds; a task owned by the runner."""
         while True:
             await asyncio.sleep(interval)
             try:
-                self.report(state_of)
+                self.report(state_of, lag_of)
             except Exception:  # a display must never bring the engine down
                 log.exception("progress report failed")

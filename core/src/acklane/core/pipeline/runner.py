@@ -33,6 +33,7 @@ from ..errors import AcklaneError, BrokerAuthError, ConnectorError
 from ..events import EventRecord, EventStore
 from ..manager import CONSUMER_CLOSED, FILTER_RETURNED, SharedStreamManager
 from ..observe.health import CohortStatus, Health
+from ..observe.lag import LagMonitor
 from ..observe.progress import Progress
 from ..producer import AdvanceItem
 from ..sinks import Dispatcher, build_sinks
@@ -219,6 +220,8 @@ class _Cohort:
         key = self.key
         key_text = self.key_text
         progress = self.progress
+        fired = progress.watcher_events
+        fired.setdefault(name, 0)
         try:
             # manager.events() without its generator step per event: the filter's own
             # iterator, and the subscription's failure and close done here
@@ -249,6 +252,7 @@ class _Cohort:
                         try:
                             await store.put(record, None if bound is None else bound.seq)
                             progress.events += 1
+                            fired[name] += 1
                         except TypeError as exc:
                             # Not JSON: it can never be stored. Dead-letter the raw event
                             # (its binding window is still open) instead of looping on it.
@@ -343,6 +347,9 @@ class Runner:
         self.health = Health()
         #: Per-stream counters of the periodic progress lines (engine.progress_interval).
         self.progress = Progress(self.manager.group_stats)
+        #: Each stream's backlog on its broker, read every engine.lag_interval seconds.
+        self.lag = LagMonitor()
+        self.health.lag = self.lag
 
     @property
     def stopped(self) -> asyncio.Event:
@@ -471,6 +478,7 @@ class Runner:
                 log.info(
                     "Watching key=%s with %s", c.key_text, ", ".join(w.name for w in c.watchers)
                 )
+            self._add_backlog_probes(cohorts)
             async with asyncio.TaskGroup() as tg:
                 tasks = [
                     tg.create_task(c.run(), name=f"acklane-cohort-{c.key_text}") for c in cohorts
@@ -492,7 +500,8 @@ class Runner:
                 for c in cohorts:
                     c.status.set("stopped")
             if self.config.engine.progress_interval > 0:
-                self.progress.report(self._cohort_state)  # the totals, once more at the end
+                # the totals, once more at the end
+                self.progress.report(self._cohort_state, self._lag_of)
         finally:
             health.phase = "stopped"
             if dispatcher is not None:
@@ -554,9 +563,15 @@ class Runner:
         if engine.progress_interval > 0:
             tasks.append(
                 tg.create_task(
-                    self.progress.run_forever(engine.progress_interval, self._cohort_state),
+                    self.progress.run_forever(
+                        engine.progress_interval, self._cohort_state, self._lag_of
+                    ),
                     name="acklane-progress",
                 )
+            )
+        if engine.lag_interval > 0 and self.lag.streams:
+            tasks.append(
+                tg.create_task(self.lag.run_forever(engine.lag_interval), name="acklane-lag")
             )
         if store_settings.retention is not None:
             tasks.append(
@@ -568,6 +583,27 @@ class Runner:
                 )
             )
         return tasks
+
+    def _add_backlog_probes(self, cohorts: list[_Cohort]) -> None:
+        """One backlog probe per stream key whose connector offers one (read by the
+        ``acklane-lag`` task, never on the hot path)."""
+        if self.config.engine.lag_interval <= 0:
+            return
+        from ..connectors import load_connector
+
+        for c in cohorts:
+            first = c.watchers[0]
+            try:
+                probe = load_connector(first.connector).backlog_probe(first.stream_config())
+            except Exception as exc:  # no lag figures is no reason not to run
+                log.warning("No backlog figures for stream %s: %s", c.status.streams, _why(exc))
+                continue
+            if probe is not None:
+                self.lag.add(c.key, c.status.streams, c.key_text, probe)
+
+    def _lag_of(self, key_text: str) -> float | None:
+        entry = self.lag.of_key_text(key_text)
+        return None if entry is None else entry.total
 
     def _on_beat(self) -> None:
         """Every heartbeat: each stream's broker problem (for /readyz), then the

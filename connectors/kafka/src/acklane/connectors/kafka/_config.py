@@ -183,6 +183,12 @@ class KafkaConfig(StreamSettings):
         gt=0,
         description="seconds to wait for the broker to confirm dead-letter copies",
     )
+    lag_end_offsets: Literal["broker", "last_batch"] = Field(
+        default="broker",
+        description="how the lag figures find each partition's log end: the broker's "
+        "high-water mark, or read from its last record batch (brokers whose high-water "
+        "mark is the last batch's first offset + 1, such as the tansu emulator)",
+    )
 
     # -- security (passed through to librdkafka)
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] | None = None

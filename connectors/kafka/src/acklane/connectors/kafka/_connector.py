@@ -8,6 +8,7 @@ from acklane.core.connectors import Connector, Publisher
 
 from ._check import check_connection, offline_problems
 from ._config import KafkaConfig
+from ._lag import KafkaBacklogProbe
 from ._producer import KafkaStreamProducer
 from ._publish import KafkaPublisher, publish_topic
 
@@ -35,6 +36,10 @@ class KafkaConnector(Connector[KafkaConfig]):
     @classmethod
     def publisher(cls, config: KafkaConfig, *, destination: str | None = None) -> Publisher:
         return KafkaPublisher(config, publish_topic(config, destination))
+
+    @classmethod
+    def backlog_probe(cls, config: KafkaConfig) -> KafkaBacklogProbe:
+        return KafkaBacklogProbe(config)
 
     @classmethod
     def offline_problems(cls, config: KafkaConfig) -> Sequence[tuple[str, str]]:

@@ -8,6 +8,7 @@ from acklane.core.connectors import Connector, Publisher, PublishError
 
 from ._check import check_connection
 from ._config import ServiceBusConfig
+from ._lag import ServiceBusBacklogProbe
 from ._producer import ServiceBusStreamProducer
 from ._publish import ServiceBusPublisher
 
@@ -31,6 +32,11 @@ class ServiceBusConnector(Connector[ServiceBusConfig]):
     @classmethod
     def description(cls, config: ServiceBusConfig) -> str:
         return config.describe()
+
+    @classmethod
+    def backlog_probe(cls, config: ServiceBusConfig) -> ServiceBusBacklogProbe | None:
+        # a session-enabled entity cannot be peeked without naming a session
+        return None if config.sessions else ServiceBusBacklogProbe(config)
 
     @classmethod
     def publisher(cls, config: ServiceBusConfig, *, destination: str | None = None) -> Publisher:

@@ -8,6 +8,7 @@ from acklane.core.connectors import Connector, Publisher, PublishError
 
 from ._check import check_connection
 from ._config import SqsConfig
+from ._lag import SqsBacklogProbe
 from ._producer import SqsStreamProducer
 from ._publish import SqsPublisher
 
@@ -31,6 +32,10 @@ class SqsConnector(Connector[SqsConfig]):
     @classmethod
     def description(cls, config: SqsConfig) -> str:
         return config.describe()
+
+    @classmethod
+    def backlog_probe(cls, config: SqsConfig) -> SqsBacklogProbe:
+        return SqsBacklogProbe(config)
 
     @classmethod
     def publisher(cls, config: SqsConfig, *, destination: str | None = None) -> Publisher:
