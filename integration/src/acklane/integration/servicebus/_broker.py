@@ -37,6 +37,7 @@ _LOCKED = symbol("x-opt-locked-until")
 _LOCK_TOKEN = symbol("x-opt-lock-token")
 _DL_SOURCE = symbol("x-opt-deadletter-source")
 _SCHEDULED = symbol("x-opt-scheduled-enqueue-time")
+_STATE = symbol("x-opt-message-state")
 
 
 @dataclass(slots=True, eq=False)
@@ -53,11 +54,18 @@ class Stored:
     dead_letter_source: str | None = None
 
     def encode(
-        self, locked_until: float | None = None, lock_token: uuid.UUID | None = None
+        self,
+        locked_until: float | None = None,
+        lock_token: uuid.UUID | None = None,
+        state: int | None = None,
     ) -> bytes:
         msg = self.message
         annotations = dict(msg.annotations or {})
         annotations[_SEQ] = self.seq
+        if state is not None:
+            annotations[_STATE] = state
+        else:
+            annotations.pop(_STATE, None)
         annotations[_ENQ] = timestamp(int(self.enqueued * 1000))
         if locked_until is not None:
             annotations[_LOCKED] = timestamp(int(locked_until * 1000))
@@ -69,7 +77,8 @@ class Stored:
             annotations[_DL_SOURCE] = self.dead_letter_source
         msg.annotations = annotations
         data: bytes = msg.encode()
-        return self._header(msg) + _strip_header(data)
+        raw_body: bytes | None = getattr(msg, "raw_body", None)
+        return self._header(msg) + _strip_header(data) + (raw_body or b"")
 
     def _header(self, msg: Any) -> bytes:
         """The header section with every field written (proton trims a 0 delivery-count,
@@ -92,6 +101,64 @@ class Stored:
         out.exit()
         encoded: bytes = out.encode()
         return encoded
+
+
+_BODY_SECTIONS = (0x75, 0x76, 0x77)  # data, amqp-sequence, amqp-value
+_FOOTER = 0x78
+
+
+def decode_message(raw: bytes) -> Any:
+    """An AMQP message as proton reads it, whatever body the SDK sent.
+
+    proton cannot turn every valid body into Python objects (a map with binary keys:
+    its ``memoryview`` keys are unhashable; several data or sequence sections: it
+    keeps the last). Such a body is kept as its encoded
+    sections (``raw_body``) and sent on byte for byte, as the service does; only the
+    header, annotations and properties are read. A message that is not valid AMQP
+    still raises.
+    """
+    # several data or sequence sections: proton keeps only the last one (a cheap
+    # byte search; a false hit only costs the section walk below)
+    several = raw.count(b"\x00Su") > 1 or raw.count(b"\x00Sv") > 1
+    if not several:
+        message = Message()
+        try:
+            message.decode(raw)
+            message.raw_body = None
+            return message
+        except (ValueError, TypeError, KeyError):
+            pass
+    head = bytearray()
+    body = bytearray()
+    offset = 0
+    while offset < len(raw):
+        data = Data()
+        used = data.decode(raw[offset:])
+        section = raw[offset : offset + used]
+        offset += used
+        data.rewind()
+        data.next()
+        data.enter()
+        data.next()
+        descriptor = data.get_ulong() if data.type() == Data.ULONG else None
+        if descriptor in _BODY_SECTIONS or descriptor == _FOOTER:
+            body += section
+        else:
+            head += section
+    message = Message()
+    if head:
+        message.decode(bytes(head))
+    message.body = None
+    message.raw_body = bytes(body)
+    return message
+
+
+def copy_message(message: Any) -> Any:
+    """A copy of a decoded message that keeps a body proton could not read."""
+    raw = message.encode()
+    raw_body: bytes | None = getattr(message, "raw_body", None)
+    copy = decode_message(raw + raw_body if raw_body else raw)
+    return copy
 
 
 def _strip_header(raw: bytes) -> bytes:
@@ -123,6 +190,8 @@ class SessionState:
     owner: Any = None  # the link holding the session lock
     until: float = 0.0
     state: bytes | None = None
+    #: When ``state`` was last set (``time.time()``), for list-sessions' filter.
+    state_updated: float = 0.0
 
 
 class Entity:
@@ -250,11 +319,20 @@ class Entity:
             raise ValueError(outcome)
 
     def peekable(self) -> Iterator[Stored]:
+        """What a peek sees, in sequence order: active and deferred messages, and the
+        scheduled ones not enqueued yet (the service shows those too)."""
         now = time.time()
-        for seq in sorted(self.messages):
-            stored = self.messages[seq]
+        merged = {**self.scheduled, **self.messages}
+        for seq in sorted(merged):
+            stored = merged[seq]
             if stored.expires is None or stored.expires > now:
                 yield stored
+
+    def state_of(self, stored: Stored) -> int:
+        """``x-opt-message-state``: 0 active, 1 deferred, 2 scheduled."""
+        if stored.seq in self.scheduled and stored.seq not in self.messages:
+            return 2
+        return 1 if stored.deferred else 0
 
     def counts(self) -> dict[str, int]:
         return {
@@ -352,8 +430,7 @@ class Broker:
         annotations: dict[Any, Any] = message.annotations or {}
         when = annotations.get(_SCHEDULED) if scheduled else None
         for entity in targets:
-            copy = Message()
-            copy.decode(message.encode())
+            copy = copy_message(message)
             ttl = message.ttl if message.ttl else None
             if entity.props.default_ttl is not None:
                 ttl = min(ttl, entity.props.default_ttl) if ttl else entity.props.default_ttl

@@ -43,13 +43,14 @@ from proton import (
     Described,
     Endpoint,
     Handler,
+    Terminus,
     symbol,
     timestamp,
     ulong,
 )
 from proton.reactor import Container
 
-from ._broker import Broker, Entity, Lock, SessionState, Stored
+from ._broker import Broker, Entity, Lock, SessionState, Stored, decode_message
 from ._config import EmulatorConfig, EntityProperties
 
 # proton's annotations are narrower than what it accepts (binary delivery tags, mutable
@@ -71,6 +72,8 @@ _DOTNET_EPOCH_TICKS = 621355968000000000
 _DATA_SECTION = 0x75
 _SECTION_PREFIX = b"\x00\x53"
 _DEFAULT_SESSION_WAIT = 65.0
+#: list-sessions' "no filter" value of last-updated-time: the year 10000, in seconds.
+_LIST_SESSIONS_SENTINEL_S = 253402300800.0
 
 
 #: The error a refused settlement is answered with (not retried by the SDK).
@@ -82,6 +85,14 @@ class _MgmtError(Exception):
     def __init__(self, status: int, condition: str, description: str) -> None:
         super().__init__(description)
         self.status, self.condition, self.description = status, condition, description
+
+
+def _send_failure(condition: str, description: str) -> Condition:
+    """The error of a refused transfer, with the info map the service always sends (the
+    SDK's sender reads it, and fails its callback without one, leaving the send hung)."""
+    return Condition(
+        condition, description, {symbol("com.microsoft:tracking-id"): str(uuid.uuid4())}
+    )
 
 
 def _lock_lost(description: str = "The lock supplied is invalid.") -> _MgmtError:
@@ -137,14 +148,19 @@ def split_batch(raw: bytes) -> list[bytes] | None:
             return None
         offset += used
         data.rewind()
-        data.next()
-        value = data.get_object()
-        if not isinstance(value, Described):
+        if data.next() != Data.DESCRIBED:
             return None
+        data.enter()
+        data.next()
+        # only the descriptor is read: a section's value may be one proton cannot turn
+        # into Python objects (see decode_message)
+        descriptor = int(data.get_ulong()) if data.type() == Data.ULONG else -1
         sections += 1
-        descriptor = int(value.descriptor) if isinstance(value.descriptor, int) else -1
         if descriptor == _DATA_SECTION:
-            body = bytes(value.value)  # type: ignore[arg-type]
+            data.next()
+            if data.type() != Data.BINARY:
+                return None
+            body = bytes(data.get_binary())
             if not body.startswith(_SECTION_PREFIX):
                 return None
             parts.append(body)
@@ -154,7 +170,7 @@ def split_batch(raw: bytes) -> list[bytes] | None:
         return None
     for part in parts:
         try:
-            Message().decode(part)
+            decode_message(part)
         except Exception:
             return None
     return parts
@@ -303,7 +319,7 @@ class ServiceBusServer(Handler):
                     self._incoming(link, info, bytes(raw), delivery)
                 except Exception as exc:
                     log.exception("incoming message failed")
-                    delivery.local.condition = Condition("amqp:internal-error", str(exc))
+                    delivery.local.condition = _send_failure("amqp:internal-error", str(exc))
                     delivery.update(Delivery.REJECTED)
                     delivery.settle()
                 link.flow(1)
@@ -333,10 +349,17 @@ class ServiceBusServer(Handler):
     # -------------------------------------------------------------------- links
 
     def _refuse(self, link: Any, condition: str, description: str) -> None:
-        link.source.copy(link.remote_source)
-        link.target.copy(link.remote_target)
-        if link.is_sender and not link.source.address:
-            link.source.address = link.remote_source.address or "unknown"
+        """Refuse a link as AMQP 1.0 says (2.6.3) and the service does: attach with a
+        null terminus on our side (the target of a link the client sends on, the
+        source of one it receives on), then detach at once with the error. The SDK
+        then fails the open with the error's own exception (``amqp:not-found`` is
+        ``MessagingEntityNotFoundError``) instead of a later, unknown send failure."""
+        if link.is_receiver:
+            link.source.copy(link.remote_source)
+            link.target.type = Terminus.UNSPECIFIED  # encoded as null
+        else:
+            link.target.copy(link.remote_target)
+            link.source.type = Terminus.UNSPECIFIED
         link.open()
         link.condition = Condition(condition, description)
         link.close()
@@ -625,15 +648,15 @@ class ServiceBusServer(Handler):
             delivery.settle()
             return
         if not self.broker.is_send_target(info.path):
-            delivery.local.condition = Condition("amqp:not-found", f"entity '{info.path}' is gone")
+            delivery.local.condition = _send_failure(
+                "amqp:not-found", f"entity '{info.path}' is gone"
+            )
             delivery.update(Delivery.REJECTED)
             delivery.settle()
             return
         parts = split_batch(raw)
         for part in parts if parts is not None else [raw]:
-            message = Message()
-            message.decode(part)
-            self.broker.enqueue(info.path, message)
+            self.broker.enqueue(info.path, decode_message(part))
         delivery.update(Delivery.ACCEPTED)
         delivery.settle()
 
@@ -767,7 +790,7 @@ class ServiceBusServer(Handler):
             count = int(body.get("message-count", 1))
             session = body.get("session-id")
             found = [
-                {"message": s.encode()}
+                {"message": s.encode(state=entity.state_of(s))}
                 for s in entity.peekable()
                 if s.seq >= start and (session is None or s.session == str(session))
             ][:count]
@@ -787,7 +810,7 @@ class ServiceBusServer(Handler):
                     out.append({"message": stored.encode()})
                 else:
                     lock = entity.lock(stored, now + entity.props.lock_duration)
-                    locked: dict[str, Any] = {"message": stored.encode(lock.until)}
+                    locked: dict[str, Any] = {"message": stored.encode(lock.until, state=1)}
                     locked["lock-token"] = lock.token
                     out.append(locked)
             return {"messages": out}
@@ -796,8 +819,7 @@ class ServiceBusServer(Handler):
                 raise _MgmtError(404, "amqp:not-found", f"no entity {path!r}")
             seqs = []
             for item in _values(body.get("messages")):
-                message = Message()
-                message.decode(bytes(item["message"]))
+                message = decode_message(bytes(item["message"]))
                 seqs.append(self.broker.enqueue(path, message, scheduled=True))
             return {"sequence-numbers": Array(Data.NULL, Data.LONG, *seqs)}
         if op == "cancel-scheduled-message":
@@ -824,8 +846,37 @@ class ServiceBusServer(Handler):
                 return {"session-state": state.state}
             raw = body.get("session-state")
             state.state = None if raw is None else bytes(raw)
+            state.state_updated = now
             return {}
+        if op == "get-message-sessions":
+            return self._list_sessions(self._entity(path), body)
         raise _MgmtError(400, "amqp:not-implemented", f"operation {operation!r} is not supported")
+
+    @staticmethod
+    def _list_sessions(entity: Entity, body: dict[Any, Any]) -> Any:
+        """The session ids with active messages or a stored state, as the service lists
+        them; with a real ``last-updated-time`` (not the SDK's year-10000 sentinel),
+        those whose state was set after it."""
+        if not entity.sessionful:
+            raise _MgmtError(
+                400, "com.microsoft:argument-error", f"entity '{entity.path}' has no sessions"
+            )
+        since = body.get("last-updated-time")
+        since_s = float(since) / 1000 if since is not None else None
+        if since_s is not None and since_s >= _LIST_SESSIONS_SENTINEL_S:
+            since_s = None
+        ids: set[str] = set()
+        if since_s is None:
+            ids.update(s.session for s in entity.messages.values() if s.session is not None)
+            ids.update(n for n, st in entity.sessions.items() if st.state is not None)
+        else:
+            ids.update(n for n, st in entity.sessions.items() if st.state_updated > since_s)
+        skip = int(body.get("skip", 0) or 0)
+        top = int(body.get("top", 100) or 100)
+        page = sorted(ids)[skip : skip + top]
+        if not page:
+            return None  # 204 No Content: no session matches
+        return {"skip": skip + len(page), "sessions-ids": Array(Data.NULL, Data.STRING, *page)}
 
     # -------------------------------------------------------------------- time
 
