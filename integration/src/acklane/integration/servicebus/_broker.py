@@ -9,7 +9,7 @@ from __future__ import annotations
 import heapq
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +17,7 @@ import proton
 from proton import Data, Described, symbol, timestamp
 
 from ._config import EntityProperties
+from ._rules import DEFAULT_RULE, Rule, route
 
 # proton's annotations are narrower than what its message sections accept.
 Message: Any = proton.Message
@@ -199,6 +200,8 @@ class Entity:
 
     def __init__(self, path: str, props: EntityProperties, *, dead_letter: bool = False) -> None:
         self.path = path
+        #: A subscription's rules, by name (None for a queue or a dead-letter sub-queue).
+        self.rules: dict[str, Rule] | None = None
         self.props = props
         self.is_dead_letter = dead_letter
         self.messages: dict[int, Stored] = {}  # every message not yet removed, by seq
@@ -371,14 +374,27 @@ class Broker:
         self._seq[key] = 0
         return entity
 
-    def create_topic(self, name: str, subscriptions: dict[str, EntityProperties]) -> Topic:
+    def create_topic(
+        self,
+        name: str,
+        subscriptions: dict[str, EntityProperties],
+        rules: Mapping[str, Sequence[Rule]] | None = None,
+    ) -> Topic:
+        """A topic and its subscriptions, each with its rules (``$Default``, a true
+        filter, for a subscription declared without any)."""
         key = name.lower()
         if key in self.queues or key in self.topics:
             raise ValueError(f"entity {name!r} already exists")
-        topic = self.topics[key] = Topic(name)
-        self._seq[key] = 0
+        topic = Topic(name)
         for sub, props in subscriptions.items():
-            topic.subscriptions[sub.lower()] = Entity(f"{name}/Subscriptions/{sub}", props)
+            entity = Entity(f"{name}/Subscriptions/{sub}", props)
+            declared = list((rules or {}).get(sub, ()))
+            entity.rules = (
+                {r.name: r for r in declared} if declared else {DEFAULT_RULE: Rule.true()}
+            )
+            topic.subscriptions[sub.lower()] = entity
+        self.topics[key] = topic
+        self._seq[key] = 0
         return topic
 
     def delete(self, name: str) -> list[Entity]:
@@ -430,21 +446,30 @@ class Broker:
         annotations: dict[Any, Any] = message.annotations or {}
         when = annotations.get(_SCHEDULED) if scheduled else None
         for entity in targets:
-            copy = copy_message(message)
-            ttl = message.ttl if message.ttl else None
-            if entity.props.default_ttl is not None:
-                ttl = min(ttl, entity.props.default_ttl) if ttl else entity.props.default_ttl
-            stored = Stored(
-                seq=seq,
-                message=copy,
-                enqueued=now,
-                expires=None if ttl is None else now + ttl,
-                session=message.group_id,
+            copies = (
+                [copy_message(message)]
+                if entity.rules is None
+                else route(entity.rules, message, copy_message)
             )
-            if when is not None and float(when) / 1000 > now:
-                entity.scheduled[seq] = stored
-            else:
-                entity.add(stored)
+            for n, copy in enumerate(copies):
+                if n:  # a second copy in one subscription (several rules with actions)
+                    self._seq[key] = self._seq[key] + 1
+                this_seq = seq if not n else self._seq[key]
+                ttl = copy.ttl if copy.ttl else None
+                if entity.props.default_ttl is not None:
+                    ttl = min(ttl, entity.props.default_ttl) if ttl else entity.props.default_ttl
+                stored = Stored(
+                    seq=this_seq,
+                    message=copy,
+                    enqueued=now,
+                    expires=None if ttl is None else now + ttl,
+                    session=copy.group_id,
+                )
+                if when is not None and float(when) / 1000 > now:
+                    entity.scheduled[this_seq] = stored
+                else:
+                    entity.add(stored)
+            if copies and (when is None or float(when) / 1000 <= now):
                 self.on_ready(entity)
         return seq
 

@@ -52,6 +52,7 @@ from proton.reactor import Container
 
 from ._broker import Broker, Entity, Lock, SessionState, Stored, decode_message
 from ._config import EmulatorConfig, EntityProperties
+from ._rules import Rule, RuleError
 
 # proton's annotations are narrower than what it accepts (binary delivery tags, mutable
 # message sections): its links and messages are handled as Any here.
@@ -93,6 +94,24 @@ def _send_failure(condition: str, description: str) -> Condition:
     return Condition(
         condition, description, {symbol("com.microsoft:tracking-id"): str(uuid.uuid4())}
     )
+
+
+def _plain_description(rule: Rule) -> dict[str, Any]:
+    """A rule's description as AMQP-encodable strings and maps."""
+    description = dict(rule.description or {})
+    out: dict[str, Any] = {}
+    kind = description.get("filter", {}).get("type", "true")
+    if kind == "sql":
+        out["sql-filter"] = {"expression": description["filter"]["expression"]}
+    elif kind == "correlation":
+        out["correlation-filter"] = {
+            k: v for k, v in description["filter"].items() if k != "type" and v is not None
+        }
+    else:
+        out[f"{kind}-filter"] = {}
+    if "action" in description:
+        out["sql-rule-action"] = {"expression": description["action"]}
+    return out
 
 
 def _lock_lost(description: str = "The lock supplied is invalid.") -> _MgmtError:
@@ -250,7 +269,7 @@ class ServiceBusServer(Handler):
         for name, props in config.queues.items():
             self.broker.create_queue(name, props)
         for topic in config.topics.values():
-            self.broker.create_topic(topic.name, dict(topic.subscriptions))
+            self.broker.create_topic(topic.name, dict(topic.subscriptions), topic.rules)
         self.commands: queue.Queue[tuple[Callable[[], Any], queue.Queue[Any]]] = queue.Queue()
         self._links: list[Any] = []
         self._pending_sessions: list[Any] = []
@@ -850,7 +869,71 @@ class ServiceBusServer(Handler):
             return {}
         if op == "get-message-sessions":
             return self._list_sessions(self._entity(path), body)
+        if op in ("add-rule", "remove-rule", "enumerate-rules"):
+            return self._rules_operation(op, self._entity(path), body)
         raise _MgmtError(400, "amqp:not-implemented", f"operation {operation!r} is not supported")
+
+    @staticmethod
+    def _rules_operation(op: str, entity: Entity, body: dict[Any, Any]) -> Any:
+        """Rule management over ``$management`` (a subscription's rules).
+
+        ``add-rule``: ``rule-name`` and ``rule-description`` with one of ``sql-filter``
+        (``expression``), ``correlation-filter`` (its properties; ``properties`` for
+        application properties), ``true-filter`` or ``false-filter``, and optionally
+        ``sql-rule-action`` (``expression``). ``remove-rule``: ``rule-name``.
+        ``enumerate-rules`` (``skip``, ``top``): ``{"rules": [{"rule-description":
+        {...}}]}``, each with its ``rule-name``.
+        """
+        if entity.rules is None:
+            raise _MgmtError(
+                400, "com.microsoft:argument-error", f"'{entity.path}' is not a subscription"
+            )
+        if op == "enumerate-rules":
+            skip = int(body.get("skip", 0) or 0)
+            top = int(body.get("top", 100) or 100)
+            listed = [
+                {"rule-description": {"rule-name": r.name, **_plain_description(r)}}
+                for r in list(entity.rules.values())[skip : skip + top]
+            ]
+            return {"rules": listed} if listed else None
+        name = _text(body.get("rule-name"))
+        if not name:
+            raise _MgmtError(400, "com.microsoft:argument-error", "a rule-name is required")
+        if op == "remove-rule":
+            if name not in entity.rules:
+                raise _MgmtError(
+                    404, "com.microsoft:message-not-found", f"The rule '{name}' was not found."
+                )
+            del entity.rules[name]
+            return {}
+        if name in entity.rules:
+            raise _MgmtError(
+                409, "com.microsoft:entity-already-exists", f"The rule '{name}' already exists."
+            )
+        description = body.get("rule-description") or {}
+        spec: dict[str, Any] = {"name": name}
+        if "sql-filter" in description:
+            spec["sql"] = _text((description["sql-filter"] or {}).get("expression"))
+        elif "correlation-filter" in description:
+            correlation = {
+                _text(k): (
+                    {_text(pk): pv for pk, pv in v.items()} if isinstance(v, dict) else _text(v)
+                )
+                for k, v in (description["correlation-filter"] or {}).items()
+            }
+            spec["correlation"] = {k.replace("-", ""): v for k, v in correlation.items()}
+        elif "false-filter" in description:
+            spec["filter_type"] = "false"
+        else:
+            spec["filter_type"] = "true"
+        action = description.get("sql-rule-action")
+        if action:
+            spec["action"] = _text((action or {}).get("expression"))
+        try:
+            entity.rules[name] = Rule.from_json(spec)
+        except RuleError as exc:
+            raise _MgmtError(400, "com.microsoft:argument-error", str(exc)) from None
+        return {}
 
     @staticmethod
     def _list_sessions(entity: Entity, body: dict[Any, Any]) -> Any:
@@ -947,7 +1030,11 @@ class ServiceBusServer(Handler):
                 s["name"]: EntityProperties.from_kwargs(**(s.get("properties") or {}))
                 for s in spec.get("subscriptions") or ()
             }
-            self.broker.create_topic(spec["topic"], subs)
+            rules = {
+                s["name"]: [Rule.from_json(r) for r in s.get("rules") or ()]
+                for s in spec.get("subscriptions") or ()
+            }
+            self.broker.create_topic(spec["topic"], subs, rules)
         else:
             raise ValueError("expected 'queue' or 'topic'")
 
