@@ -335,3 +335,27 @@ def test_config_json_rules_and_unmodelled_properties() -> None:
     config["UserConfig"]["Namespaces"][0]["Queues"] = [queue]  # type: ignore[index]
     with pytest.raises(ValueError, match="duplicate detection"):
         EmulatorConfig.from_json(config)
+
+
+def test_concurrent_lock_renewals_from_many_threads_keep_the_connection(
+    bus: ServiceBusEmulator,
+) -> None:
+    from azure.servicebus import AutoLockRenewer
+
+    queue = bus.create_queue(lock_duration=4)  # the renewer renews in its last 3 s
+    renewer = AutoLockRenewer(max_workers=8)
+    try:
+        with client(bus) as c:
+            with c.get_queue_sender(queue) as sender:
+                sender.send_messages([ServiceBusMessage(str(i)) for i in range(10)])
+            with c.get_queue_receiver(queue, max_wait_time=2) as receiver:
+                got = receiver.receive_messages(max_message_count=10, max_wait_time=3)
+                assert len(got) == 10
+                for message in got:
+                    renewer.register(receiver, message, max_lock_renewal_duration=30)
+                time.sleep(5)  # past the 4 s lock: only the renewals keep the messages
+                for message in got:
+                    receiver.complete_message(message)
+    finally:
+        renewer.close()
+    assert bus.counts(queue)["messages"] == 0

@@ -26,6 +26,7 @@ import hmac
 import json
 import logging
 import queue
+import socket
 import threading
 import time
 import urllib.parse
@@ -53,6 +54,7 @@ from proton.reactor import Container
 from ._broker import Broker, Entity, Lock, SessionState, Stored, decode_message
 from ._config import EmulatorConfig, EntityProperties
 from ._rules import Rule, RuleError
+from ._sequencer import FrameSequencer
 
 # proton's annotations are narrower than what it accepts (binary delivery tags, mutable
 # message sections): its links and messages are handled as Any here.
@@ -1126,6 +1128,12 @@ class _Admin(BaseHTTPRequestHandler):
         self._run(lambda: self.server_handler.delete(name))
 
 
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
 def serve(
     config: EmulatorConfig,
     *,
@@ -1135,8 +1143,17 @@ def serve(
     key_name: str = DEFAULT_KEY_NAME,
     key: str = DEFAULT_KEY,
 ) -> None:
-    """Run the emulator until the process ends."""
-    handler = ServiceBusServer(config, host=host, port=port, key_name=key_name, key=key)
+    """Run the emulator until the process ends.
+
+    Clients connect to ``port``, where the frame sequencer listens (see
+    ``_sequencer``); proton serves on a loopback port of its own behind it.
+    """
+    engine_port = _free_port()
+    sequencer = FrameSequencer(host, port, ("127.0.0.1", engine_port))
+    handler = ServiceBusServer(
+        config, host="127.0.0.1", port=engine_port, key_name=key_name, key=key
+    )
+    sequencer.start()
     if admin_port is not None:
         admin_class = type("Admin", (_Admin,), {"server_handler": handler})
         httpd = ThreadingHTTPServer((host, admin_port), admin_class)
