@@ -25,6 +25,7 @@ import hashlib
 import hmac
 import json
 import logging
+import os
 import queue
 import socket
 import threading
@@ -68,6 +69,8 @@ log = logging.getLogger("acklane.integration.servicebus")
 DEFAULT_KEY_NAME = "RootManageSharedAccessKey"
 DEFAULT_KEY = "SAS_KEY_VALUE"
 _TICK = 0.05
+#: Set to 0 to serve proton directly, without the frame sequencer in front of it.
+SEQUENCER_ENV = "ACKLANE_SERVICEBUS_SEQUENCER"
 _SESSION_FILTER = symbol("com.microsoft:session-filter")
 _LOCKED_UNTIL_UTC = symbol("com.microsoft:locked-until-utc")
 _TIMEOUT = symbol("com.microsoft:timeout")
@@ -1148,12 +1151,15 @@ def serve(
     Clients connect to ``port``, where the frame sequencer listens (see
     ``_sequencer``); proton serves on a loopback port of its own behind it.
     """
-    engine_port = _free_port()
-    sequencer = FrameSequencer(host, port, ("127.0.0.1", engine_port))
-    handler = ServiceBusServer(
-        config, host="127.0.0.1", port=engine_port, key_name=key_name, key=key
-    )
-    sequencer.start()
+    if os.environ.get(SEQUENCER_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
+        handler = ServiceBusServer(config, host=host, port=port, key_name=key_name, key=key)
+    else:
+        engine_port = _free_port()
+        sequencer = FrameSequencer(host, port, ("127.0.0.1", engine_port))
+        handler = ServiceBusServer(
+            config, host="127.0.0.1", port=engine_port, key_name=key_name, key=key
+        )
+        sequencer.start()
     if admin_port is not None:
         admin_class = type("Admin", (_Admin,), {"server_handler": handler})
         httpd = ThreadingHTTPServer((host, admin_port), admin_class)
