@@ -8,6 +8,7 @@ one in this process.
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 import time
 import uuid
@@ -363,3 +364,310 @@ def test_service_limits_are_enforced_and_relaxed_mode_lowers_them(
         ps.publisher.stop()
     finally:
         relaxed.stop()
+
+
+# ---------------------------------------------------------------- fidelity: nothing ignored
+
+
+@pytest.mark.parametrize(
+    ("expression", "attributes", "expected"),
+    [
+        ('attributes.kind = "order"', {"kind": "order"}, True),
+        ('attributes.kind = "order"', {"kind": "refund"}, False),
+        ('attributes.kind != "order"', {"kind": "refund"}, True),
+        ('attributes.kind != "order"', {}, False),
+        ("attributes:kind", {"kind": ""}, True),
+        ("NOT attributes:kind", {"kind": ""}, False),
+        ("-attributes:kind", {}, True),
+        ('hasPrefix(attributes.kind, "ord")', {"kind": "order"}, True),
+        ('hasPrefix(attributes.kind, "ord")', {}, False),
+        ('attributes."iana.org/language_tag" = "en"', {"iana.org/language_tag": "en"}, True),
+        (
+            '(attributes.a = "1" OR attributes.b = "2") AND NOT attributes:test',
+            {"b": "2"},
+            True,
+        ),
+        (
+            '(attributes.a = "1" OR attributes.b = "2") AND NOT attributes:test',
+            {"b": "2", "test": "y"},
+            False,
+        ),
+        ('attributes.quote = "say \\"hi\\""', {"quote": 'say "hi"'}, True),
+    ],
+)
+def test_the_filter_language_on_attributes(
+    expression: str, attributes: dict[str, str], expected: bool
+) -> None:
+    from acklane.integration.pubsub._filter import compile_filter
+
+    predicate = compile_filter(expression)
+    assert predicate is not None
+    assert predicate(attributes) is expected
+
+
+@pytest.mark.parametrize(
+    "expression",
+    [
+        'attributes.a = "1" AND attributes.b = "2" OR attributes:c',  # AND/OR unparenthesised
+        "attributes.a = 1",  # values are string literals
+        "hasPrefix(attributes.a)",
+        "data = 'x'",  # only attributes can be filtered
+        "attributes:" + "k" * 300,  # over 256 bytes
+    ],
+)
+def test_a_filter_the_service_refuses_is_refused(ps: Clients, expression: str) -> None:
+    topic = ps.topic()
+    with pytest.raises(exceptions.InvalidArgument, match="filter"):
+        ps.subscription(topic, filter=expression)
+
+
+def test_a_subscription_filter_delivers_only_the_matching_messages(ps: Clients) -> None:
+    topic = ps.topic()
+    sub = ps.subscription(topic, filter='attributes.kind = "order" AND NOT attributes:test')
+    ps.publish(topic, "a", kind="order")
+    ps.publish(topic, "b", kind="refund")
+    ps.publish(topic, "c", kind="order", test="1")
+    ps.publish(topic, "d", kind="order")
+    got = ps.pull_until(sub, 2)
+    assert sorted(r.message.data for r in got) == [b"a", b"d"]
+    ps.ack(sub, got)
+    assert ps.pull_now(sub) == []  # the others were acknowledged by the service
+    with pytest.raises(exceptions.InvalidArgument, match="filter cannot be changed"):
+        ps.subscriber.update_subscription(
+            request={
+                "subscription": {"name": sub, "filter": ""},
+                "update_mask": {"paths": ["filter"]},
+            }
+        )
+
+
+def test_exactly_once_reports_an_expired_ack_id_and_acks_a_valid_one(ps: Clients) -> None:
+    topic = ps.topic()
+    sub = ps.subscription(topic, enable_exactly_once_delivery=True, ack_deadline_seconds=1)
+    ps.publish(topic, "late", "in-time")
+    got = ps.pull_until(sub, 2)
+    late = next(r for r in got if r.message.data == b"late")
+    in_time = next(r for r in got if r.message.data == b"in-time")
+    ps.subscriber.modify_ack_deadline(
+        subscription=sub, ack_ids=[in_time.ack_id], ack_deadline_seconds=30
+    )
+    time.sleep(1.3)  # the lease of "late" lapses
+    with pytest.raises(exceptions.InvalidArgument) as caught:
+        ps.subscriber.acknowledge(subscription=sub, ack_ids=[late.ack_id, in_time.ack_id])
+    assert caught.value.reason == "EXACTLY_ONCE_ACKID_FAILURE"
+    (info,) = [d for d in caught.value.details if hasattr(d, "metadata")]
+    assert dict(info.metadata) == {late.ack_id: "PERMANENT_FAILURE_INVALID_ACK_ID"}
+    again = ps.pull_until(sub, 1)  # "late" is delivered again; "in-time" was acked
+    assert [r.message.data for r in again] == [b"late"]
+
+
+def test_exactly_once_is_reported_to_the_streaming_subscriber(ps: Clients) -> None:
+    from google.cloud.pubsub_v1.subscriber.exceptions import AcknowledgeStatus
+
+    topic = ps.topic()
+    sub = ps.subscription(topic, enable_exactly_once_delivery=True, ack_deadline_seconds=10)
+    ps.publish(topic, "once")
+    results: list[Any] = []
+    done = threading.Event()
+
+    def callback(message: Any) -> None:
+        results.append((message.data, message.ack_with_response().result(timeout=10)))
+        done.set()
+
+    future = ps.subscriber.subscribe(sub, callback)
+    try:
+        assert done.wait(15)
+    finally:
+        future.cancel()
+        with contextlib.suppress(Exception):
+            future.result(timeout=10)
+    assert results == [(b"once", AcknowledgeStatus.SUCCESS)]
+
+
+def test_seek_to_a_time_redelivers_retained_acked_messages(ps: Clients) -> None:
+    from google.protobuf import timestamp_pb2
+
+    topic = ps.topic()
+    sub = ps.subscription(topic, retain_acked_messages=True)
+    ps.publish(topic, "old")
+    time.sleep(0.05)
+    middle = timestamp_pb2.Timestamp()
+    middle.GetCurrentTime()
+    time.sleep(0.05)
+    ps.publish(topic, "new")
+    got = ps.pull_until(sub, 2)
+    ps.ack(sub, got)
+    assert ps.pull_now(sub) == []
+    ps.subscriber.seek(request={"subscription": sub, "time": middle})
+    again = ps.pull_until(sub, 1)
+    assert [r.message.data for r in again] == [b"new"]
+    ps.ack(sub, again)
+    ps.subscriber.seek(request={"subscription": sub, "time": {"seconds": 0}})
+    assert sorted(r.message.data for r in ps.pull_until(sub, 2)) == [b"new", b"old"]
+
+
+def test_a_snapshot_brings_back_what_was_unacked_and_what_came_after(ps: Clients) -> None:
+    topic = ps.topic()
+    sub = ps.subscription(topic)
+    ps.publish(topic, "acked-before")
+    ps.ack(sub, ps.pull_until(sub, 1))
+    ps.publish(topic, "pending")
+    name = f"projects/{PROJECT}/snapshots/snap-{uuid.uuid4().hex[:8]}"
+    snapshot = ps.subscriber.create_snapshot(request={"name": name, "subscription": sub})
+    assert snapshot.topic == topic
+    ps.publish(topic, "after")
+    ps.ack(sub, ps.pull_until(sub, 2))
+    assert ps.pull_now(sub) == []
+    ps.subscriber.seek(request={"subscription": sub, "snapshot": name})
+    assert sorted(r.message.data for r in ps.pull_until(sub, 2)) == [b"after", b"pending"]
+    listed = ps.subscriber.list_snapshots(request={"project": f"projects/{PROJECT}"})
+    assert name in [s.name for s in listed]
+    assert list(ps.publisher.list_topic_snapshots(request={"topic": topic})) == [name]
+    ps.subscriber.delete_snapshot(request={"snapshot": name})
+    with pytest.raises(exceptions.NotFound):
+        ps.subscriber.get_snapshot(request={"snapshot": name})
+
+
+def test_update_topic_and_detach_subscription(ps: Clients) -> None:
+    topic = ps.topic()
+    updated = ps.publisher.update_topic(
+        request={
+            "topic": {"name": topic, "labels": {"team": "data"}},
+            "update_mask": {"paths": ["labels"]},
+        }
+    )
+    assert dict(updated.labels) == {"team": "data"}
+    assert dict(ps.publisher.get_topic(topic=topic).labels) == {"team": "data"}
+    sub = ps.subscription(topic)
+    ps.publish(topic, "x")
+    ps.publisher.detach_subscription(request={"subscription": sub})
+    assert ps.subscriber.get_subscription(subscription=sub).detached
+    with pytest.raises(exceptions.FailedPrecondition, match="detached"):
+        ps.pull_now(sub)
+    assert sub not in list(ps.publisher.list_topic_subscriptions(topic=topic))
+
+
+@pytest.mark.parametrize(
+    ("fields", "feature"),
+    [
+        ({"push_config": {"push_endpoint": "https://example.com/push"}}, "push subscriptions"),
+        ({"bigquery_config": {"table": "p.d.t"}}, "bigquery_config"),
+        ({"cloud_storage_config": {"bucket": "b"}}, "cloud_storage_config"),
+    ],
+)
+def test_what_the_emulator_does_not_model_is_refused_by_name(
+    ps: Clients, fields: dict[str, Any], feature: str
+) -> None:
+    topic = ps.topic()
+    with pytest.raises(exceptions.MethodNotImplemented, match=feature):
+        ps.subscription(topic, **fields)
+
+
+def test_iam_is_refused_by_name(ps: Clients) -> None:
+    topic = ps.topic()
+    with pytest.raises(exceptions.MethodNotImplemented, match="IAM"):
+        ps.publisher.get_iam_policy(request={"resource": topic})
+
+
+AVRO_ORDER = json.dumps(
+    {
+        "type": "record",
+        "name": "Order",
+        "fields": [{"name": "id", "type": "string"}, {"name": "amount", "type": "int"}],
+    }
+)
+PROTO_ORDER = 'syntax = "proto3";\nmessage Order {\n  string id = 1;\n  int32 amount = 2;\n}\n'
+
+
+def _schema_client(host: str) -> Any:
+    from google.pubsub_v1 import SchemaServiceClient
+    from google.pubsub_v1.services.schema_service.transports import SchemaServiceGrpcTransport
+
+    channel = grpc.insecure_channel(host)
+    return SchemaServiceClient(transport=SchemaServiceGrpcTransport(channel=channel))
+
+
+def test_a_topic_with_an_avro_schema_validates_what_is_published(
+    ps: Clients, pubsub_emulator: Emulator
+) -> None:
+    schemas = _schema_client(pubsub_emulator.endpoint)
+    schema_id = f"order-{uuid.uuid4().hex[:8]}"
+    created = schemas.create_schema(
+        request={
+            "parent": f"projects/{PROJECT}",
+            "schema_id": schema_id,
+            "schema": {"type_": types.Schema.Type.AVRO, "definition": AVRO_ORDER},
+        }
+    )
+    assert created.revision_id
+    topic = f"projects/{PROJECT}/topics/t-{uuid.uuid4().hex[:10]}"
+    ps.publisher.create_topic(
+        request={
+            "name": topic,
+            "schema_settings": {"schema": created.name, "encoding": types.Encoding.JSON},
+        }
+    )
+    sub = ps.subscription(topic)
+    ps.publish(topic, json.dumps({"id": "o-1", "amount": 5}))
+    with pytest.raises(exceptions.InvalidArgument, match="schema validation"):
+        ps.publisher.publish(topic, json.dumps({"id": "o-2"}).encode()).result(timeout=10)
+    (got,) = ps.pull_until(sub, 1)
+    assert got.message.attributes["googclient_schemaname"] == created.name
+    assert got.message.attributes["googclient_schemaencoding"] == "JSON"
+    with pytest.raises(exceptions.InvalidArgument, match="Avro"):
+        schemas.validate_schema(
+            request={
+                "parent": f"projects/{PROJECT}",
+                "schema": {"type_": types.Schema.Type.AVRO, "definition": "{not json"},
+            }
+        )
+    revised = schemas.commit_schema(
+        request={"name": created.name, "schema": {"definition": AVRO_ORDER}}
+    )
+    revisions = list(schemas.list_schema_revisions(request={"name": created.name}))
+    assert [r.revision_id for r in revisions] == [revised.revision_id, created.revision_id]
+    schemas.delete_schema(request={"name": created.name})
+
+
+def test_a_protobuf_schema_validates_binary_messages(
+    ps: Clients, pubsub_emulator: Emulator
+) -> None:
+    schemas = _schema_client(pubsub_emulator.endpoint)
+    created = schemas.create_schema(
+        request={
+            "parent": f"projects/{PROJECT}",
+            "schema_id": f"proto-{uuid.uuid4().hex[:8]}",
+            "schema": {"type_": types.Schema.Type.PROTOCOL_BUFFER, "definition": PROTO_ORDER},
+        }
+    )
+    # an Order {id: "o-1", amount: 5}, encoded by hand: field 1 (string), field 2 (varint)
+    order = b"\x0a\x03o-1\x10\x05"
+    schemas.validate_message(
+        request={
+            "parent": f"projects/{PROJECT}",
+            "name": created.name,
+            "message": order,
+            "encoding": types.Encoding.BINARY,
+        }
+    )
+    topic = f"projects/{PROJECT}/topics/t-{uuid.uuid4().hex[:10]}"
+    ps.publisher.create_topic(
+        request={
+            "name": topic,
+            "schema_settings": {"schema": created.name, "encoding": types.Encoding.BINARY},
+        }
+    )
+    ps.publisher.publish(topic, order).result(timeout=10)
+    with pytest.raises(exceptions.InvalidArgument, match="schema validation"):
+        ps.publisher.publish(topic, b"\xff\xff\xff").result(timeout=10)
+    with pytest.raises(exceptions.InvalidArgument, match="exactly one top-level message"):
+        schemas.create_schema(
+            request={
+                "parent": f"projects/{PROJECT}",
+                "schema_id": f"two-{uuid.uuid4().hex[:8]}",
+                "schema": {
+                    "type_": types.Schema.Type.PROTOCOL_BUFFER,
+                    "definition": PROTO_ORDER + "message Other { string x = 1; }\n",
+                },
+            }
+        )

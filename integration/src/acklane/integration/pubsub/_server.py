@@ -35,8 +35,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
-from google.protobuf import empty_pb2
+from google.protobuf import any_pb2, empty_pb2
 from google.pubsub_v1 import types as t
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+
+from ._filter import FilterError, Predicate, compile_filter
+from ._schemas import SchemaError, SchemaRegistry
 
 __all__ = ["INSPECT_STATS", "RELAXED_ENV", "PubSubServer", "PubSubState", "ServerThread"]
 
@@ -51,6 +55,22 @@ _PROJECT = re.compile(r"^projects/([^/]+)$")
 DELETED_TOPIC = "_deleted-topic_"
 DEFAULT_ACK_DEADLINE = 10
 MAX_ACK_DEADLINE = 600
+#: How long a subscription keeps unacked messages unless told otherwise (7 days).
+DEFAULT_RETENTION = 7 * 24 * 3600.0
+MIN_RETENTION = 600.0
+MAX_SUBSCRIPTION_RETENTION = 7 * 24 * 3600.0
+MAX_TOPIC_RETENTION = 31 * 24 * 3600.0
+_SNAPSHOT = re.compile(r"^projects/([^/]+)/snapshots/([A-Za-z][A-Za-z0-9._~%+-]{2,254})$")
+
+
+@dataclass(eq=False)
+class _Snapshot:
+    config: Any  # Snapshot
+    #: The messages a seek to it makes unacked again: those unacked when it was taken,
+    #: and every message published to its topic since.
+    messages: dict[str, Any] = field(default_factory=dict)
+
+
 #: acklane's read-only inspection call (not part of Pub/Sub): JSON request and answer.
 INSPECT_STATS = "/acklane.pubsub.v1.Inspector/SubscriptionStats"
 #: How long a unary Pull waits for messages before it answers empty.
@@ -82,6 +102,21 @@ _pb = {
         "StreamingPullRequest",
         "StreamingPullResponse",
         "ReceivedMessage",
+        "UpdateTopicRequest",
+        "DetachSubscriptionRequest",
+        "DetachSubscriptionResponse",
+        "ModifyPushConfigRequest",
+        "Snapshot",
+        "CreateSnapshotRequest",
+        "GetSnapshotRequest",
+        "UpdateSnapshotRequest",
+        "ListSnapshotsRequest",
+        "ListSnapshotsResponse",
+        "ListTopicSnapshotsRequest",
+        "ListTopicSnapshotsResponse",
+        "DeleteSnapshotRequest",
+        "SeekRequest",
+        "SeekResponse",
     )
 }
 
@@ -99,6 +134,40 @@ def _invalid(message: str) -> _Abort:
 
 def _not_found(kind: str, name: str) -> _Abort:
     return _Abort(grpc.StatusCode.NOT_FOUND, f"Resource not found ({kind}={name}).")
+
+
+def _unimplemented(feature: str) -> _Abort:
+    """A feature of the service this emulator does not model: refused, never ignored."""
+    return _Abort(
+        grpc.StatusCode.UNIMPLEMENTED,
+        f"acklane's Pub/Sub emulator does not implement {feature}; it refuses it rather "
+        "than accept it and act differently from the service",
+    )
+
+
+class _AckIdFailure(_Abort):
+    """Exactly-once delivery: some ack ids were invalid (expired, unknown or acked)."""
+
+    def __init__(self, failures: dict[str, str]) -> None:
+        super().__init__(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "Some acknowledgement ids in the request were invalid. This could be because "
+            "the acknowledgement ids have expired or the acknowledgement ids were malformed.",
+        )
+        self.failures = failures
+
+    def trailing_metadata(self) -> tuple[tuple[str, bytes], ...]:
+        info = error_details_pb2.ErrorInfo(
+            reason="EXACTLY_ONCE_ACKID_FAILURE",
+            domain="pubsub.googleapis.com",
+            metadata=self.failures,
+        )
+        detail = any_pb2.Any()
+        detail.Pack(info)
+        status = status_pb2.Status(
+            code=code_pb2.INVALID_ARGUMENT, message=self.message, details=[detail]
+        )
+        return (("grpc-status-details-bin", status.SerializeToString()),)
 
 
 @dataclass(eq=False)
@@ -144,6 +213,16 @@ class _Topic:
     config: Any  # Topic
     ids: Iterator[int] = field(default_factory=lambda: itertools.count(1))
     subscriptions: set[str] = field(default_factory=set)
+    #: Messages kept for seeking back (``message_retention_duration`` set on the topic).
+    log: list[Any] = field(default_factory=list)
+    snapshots: set[str] = field(default_factory=set)
+
+    @property
+    def retention(self) -> float:
+        """Seconds the topic keeps its messages for seeking (0: it keeps none)."""
+        if not self.config.HasField("message_retention_duration"):
+            return 0.0
+        return float(self.config.message_retention_duration.ToTimedelta().total_seconds())
 
 
 @dataclass(eq=False)
@@ -152,10 +231,29 @@ class _Subscription:
     backlog: dict[int, _Entry] = field(default_factory=dict)
     by_ack: dict[str, _Entry] = field(default_factory=dict)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
+    #: The compiled ``filter`` (``None``: every message).
+    predicate: Predicate | None = None
+    #: Acked messages kept for seeking back (``retain_acked_messages``), by message id.
+    acked: dict[str, Any] = field(default_factory=dict)
+    #: When it was created (ns since the epoch): a seek cannot bring back what came before.
+    created_ns: int = 0
 
     @property
     def ordered(self) -> bool:
         return bool(self.config.enable_message_ordering)
+
+    @property
+    def exactly_once(self) -> bool:
+        return bool(self.config.enable_exactly_once_delivery)
+
+    def wants(self, message: Any) -> bool:
+        return self.predicate is None or self.predicate(message.attributes)
+
+    @property
+    def retention(self) -> float:
+        if not self.config.HasField("message_retention_duration"):
+            return DEFAULT_RETENTION
+        return float(self.config.message_retention_duration.ToTimedelta().total_seconds())
 
     def poke(self) -> None:
         self.changed.set()
@@ -164,11 +262,19 @@ class _Subscription:
 class PubSubState:
     """Topics, subscriptions and their messages; every method runs on one loop."""
 
-    def __init__(self, *, relaxed: bool = False, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        *,
+        relaxed: bool = False,
+        clock: Callable[[], float] = time.monotonic,
+        schemas: SchemaRegistry | None = None,
+    ) -> None:
         self.relaxed = relaxed
         self.clock = clock
         self.topics: dict[str, _Topic] = {}
         self.subscriptions: dict[str, _Subscription] = {}
+        self.snapshots: dict[str, _Snapshot] = {}
+        self.schemas = schemas if schemas is not None else SchemaRegistry()
         self._seq = itertools.count()
 
     # ------------------------------------------------------------ limits
@@ -182,6 +288,14 @@ class PubSubState:
         return 1 if self.relaxed else 5
 
     def _check_subscription(self, sub: Any) -> None:
+        _refuse_unmodelled_subscription(sub)
+        if sub.HasField("message_retention_duration"):
+            seconds = sub.message_retention_duration.ToTimedelta().total_seconds()
+            if not MIN_RETENTION <= seconds <= MAX_SUBSCRIPTION_RETENTION:
+                raise _invalid(
+                    f"Invalid message_retention_duration: {seconds:g}s; it must be between "
+                    "10 minutes and 7 days."
+                )
         if sub.ack_deadline_seconds == 0:
             sub.ack_deadline_seconds = DEFAULT_ACK_DEADLINE
         if not self.min_ack_deadline <= sub.ack_deadline_seconds <= MAX_ACK_DEADLINE:
@@ -212,8 +326,53 @@ class PubSubState:
             raise _Abort(grpc.StatusCode.ALREADY_EXISTS, "Topic already exists")
         stored = _pb["Topic"]()
         stored.CopyFrom(topic)
+        self._check_topic(stored)
+        stored.state = 1  # ACTIVE
         self.topics[topic.name] = _Topic(stored)
         return stored
+
+    def _check_topic(self, topic: Any) -> None:
+        if topic.HasField("ingestion_data_source_settings"):
+            raise _unimplemented("import topics (ingestion_data_source_settings)")
+        if len(topic.message_transforms):
+            raise _unimplemented("single message transforms (message_transforms)")
+        if topic.HasField("message_retention_duration"):
+            seconds = topic.message_retention_duration.ToTimedelta().total_seconds()
+            if not MIN_RETENTION <= seconds <= MAX_TOPIC_RETENTION:
+                raise _invalid(
+                    f"Invalid message_retention_duration: {seconds:g}s; it must be between "
+                    "10 minutes and 31 days."
+                )
+        if topic.HasField("schema_settings"):
+            self.schemas.check_settings(topic.schema_settings)
+
+    def update_topic(self, topic: Any, paths: Iterable[str]) -> Any:
+        current = self.topic(topic.name)
+        updated = _pb["Topic"]()
+        updated.CopyFrom(current.config)
+        paths = list(paths)
+        if not paths:
+            raise _invalid("The update_mask in the UpdateTopicRequest must be set.")
+        for path in paths:
+            if path not in _TOPIC_UPDATABLE:
+                raise _invalid(f"Invalid update_mask provided: {path}")
+            if path == "labels":
+                updated.labels.clear()
+                updated.labels.update(topic.labels)
+            elif path == "kms_key_name":
+                updated.kms_key_name = topic.kms_key_name
+            elif path == "message_transforms":
+                del updated.message_transforms[:]
+                updated.message_transforms.extend(topic.message_transforms)
+            elif topic.HasField(path):
+                getattr(updated, path).CopyFrom(getattr(topic, path))
+            else:
+                updated.ClearField(path)
+        self._check_topic(updated)
+        current.config = updated
+        if not current.retention:
+            current.log.clear()
+        return updated
 
     def topic(self, name: str) -> _Topic:
         try:
@@ -230,6 +389,10 @@ class PubSubState:
             sub = self.subscriptions.get(sub_name)
             if sub is not None:
                 sub.config.topic = DELETED_TOPIC
+        for snap_name in topic.snapshots:
+            snapshot = self.snapshots.get(snap_name)
+            if snapshot is not None:
+                snapshot.config.topic = DELETED_TOPIC
 
     def publish(self, topic_name: str, messages: Iterable[Any]) -> list[str]:
         topic = self.topic(topic_name)
@@ -239,21 +402,48 @@ class PubSubState:
         for message in messages:
             if not message.data and not message.attributes:
                 raise _invalid("Some messages contain neither data nor attributes.")
+        has_schema = topic.config.HasField("schema_settings")
+        settings = topic.config.schema_settings if has_schema else None
+        revisions: list[Any] = []
+        if settings is not None:
+            revisions = [self.schemas.validate_published(settings, m) for m in messages]
         ids = []
         now = time.time()
-        for message in messages:
+        now_ns = int(now * 1e9)
+        retention = topic.retention
+        if retention and topic.log:
+            self._prune_log(topic, now_ns)
+        snapshots = [self.snapshots[n] for n in topic.snapshots if n in self.snapshots]
+        for i, message in enumerate(messages):
             stored = _pb["PubsubMessage"]()
             stored.CopyFrom(message)
             stored.message_id = str(next(topic.ids))
-            stored.publish_time.FromNanoseconds(int(now * 1e9))
+            stored.publish_time.FromNanoseconds(now_ns)
+            if revisions:
+                SchemaRegistry.stamp(settings, stored, revisions[i])
             ids.append(stored.message_id)
+            if retention:
+                topic.log.append(stored)
+            for snapshot in snapshots:
+                snapshot.messages[stored.message_id] = stored
             for sub_name in topic.subscriptions:
                 sub = self.subscriptions.get(sub_name)
-                if sub is not None:
+                if sub is not None and sub.wants(stored):
                     seq = next(self._seq)
                     sub.backlog[seq] = _Entry(seq, stored)
                     sub.poke()
         return ids
+
+    @staticmethod
+    def _prune_log(topic: _Topic, now_ns: int) -> None:
+        oldest = now_ns - int(topic.retention * 1e9)
+        drop = 0
+        for message in topic.log:
+            if message.publish_time.ToNanoseconds() >= oldest:
+                break
+            drop += 1
+        if drop:
+            del topic.log[:drop]
 
     # ------------------------------------------------------------ subscriptions
 
@@ -266,8 +456,18 @@ class PubSubState:
         stored = _pb["Subscription"]()
         stored.CopyFrom(sub)
         self._check_subscription(stored)
+        try:
+            predicate = compile_filter(stored.filter)
+        except FilterError as exc:
+            raise _invalid(str(exc)) from None
         stored.state = 1  # ACTIVE
-        self.subscriptions[sub.name] = _Subscription(stored)
+        if topic.config.HasField("message_retention_duration"):
+            stored.topic_message_retention_duration.CopyFrom(
+                topic.config.message_retention_duration
+            )
+        self.subscriptions[sub.name] = _Subscription(
+            stored, predicate=predicate, created_ns=time.time_ns()
+        )
         topic.subscriptions.add(sub.name)
         return stored
 
@@ -286,31 +486,149 @@ class PubSubState:
         paths = list(paths)
         if not paths:
             raise _invalid("The update_mask in the UpdateSubscriptionRequest must be set.")
+        messages = (
+            "dead_letter_policy",
+            "retry_policy",
+            "message_retention_duration",
+            "expiration_policy",
+            "push_config",
+        )
         for path in paths:
-            if path not in (
-                "ack_deadline_seconds",
-                "dead_letter_policy",
-                "retry_policy",
-                "labels",
-                "filter",
-                "message_retention_duration",
-                "retain_acked_messages",
-            ):
+            if path == "filter":
+                raise _invalid("A subscription's filter cannot be changed after it is created.")
+            if path not in _SUBSCRIPTION_UPDATABLE:
                 raise _invalid(f"Invalid update_mask provided: {path}")
-            if sub.HasField(path) if path in ("dead_letter_policy", "retry_policy") else True:
-                if path == "labels":
-                    updated.labels.clear()
-                    updated.labels.update(sub.labels)
-                elif path in ("dead_letter_policy", "retry_policy", "message_retention_duration"):
+            if path == "labels":
+                updated.labels.clear()
+                updated.labels.update(sub.labels)
+            elif path in messages:
+                if sub.HasField(path):
                     getattr(updated, path).CopyFrom(getattr(sub, path))
                 else:
-                    setattr(updated, path, getattr(sub, path))
+                    updated.ClearField(path)
             else:
-                updated.ClearField(path)
+                setattr(updated, path, getattr(sub, path))
         self._check_subscription(updated)
         current.config = updated
+        if not updated.retain_acked_messages:
+            current.acked.clear()
         current.poke()
         return updated
+
+    def detach_subscription(self, name: str) -> None:
+        """Detach from its topic: the backlog is dropped and pulls fail from now on."""
+        sub = self.subscription(name)
+        topic = self.topics.get(sub.config.topic)
+        if topic is not None:
+            topic.subscriptions.discard(name)
+        sub.config.detached = True
+        sub.backlog.clear()
+        sub.by_ack.clear()
+        sub.acked.clear()
+        sub.poke()
+
+    def live_subscription(self, name: str) -> _Subscription:
+        """A subscription that can deliver: ``FAILED_PRECONDITION`` once detached."""
+        sub = self.subscription(name)
+        if sub.config.detached:
+            raise _Abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"Subscription {name} is detached from its topic.",
+            )
+        return sub
+
+    # ------------------------------------------------------------ snapshots and seek
+
+    def create_snapshot(self, name: str, sub_name: str, labels: dict[str, str]) -> Any:
+        if not _SNAPSHOT.match(name):
+            raise _invalid(f"Invalid [snapshots] name: ({name})")
+        if name in self.snapshots:
+            raise _Abort(grpc.StatusCode.ALREADY_EXISTS, "Snapshot already exists")
+        sub = self.live_subscription(sub_name)
+        topic = self.topics.get(sub.config.topic)
+        if topic is None:
+            raise _Abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"The topic of subscription {sub_name} was deleted: no snapshot can be taken.",
+            )
+        config = _pb["Snapshot"](name=name, topic=sub.config.topic, labels=labels)
+        unacked = {e.message.message_id: e.message for e in sub.backlog.values()}
+        oldest = min(
+            (m.publish_time.ToNanoseconds() for m in unacked.values()), default=time.time_ns()
+        )
+        config.expire_time.FromNanoseconds(oldest + int(7 * 24 * 3600 * 1e9))
+        self.snapshots[name] = _Snapshot(config, unacked)
+        topic.snapshots.add(name)
+        return config
+
+    def snapshot(self, name: str) -> _Snapshot:
+        try:
+            return self.snapshots[name]
+        except KeyError:
+            if not _SNAPSHOT.match(name):
+                raise _invalid(f"Invalid [snapshots] name: ({name})") from None
+            raise _not_found("snapshot", name) from None
+
+    def update_snapshot(self, snapshot: Any, paths: Iterable[str]) -> Any:
+        current = self.snapshot(snapshot.name)
+        paths = list(paths)
+        if not paths:
+            raise _invalid("The update_mask in the UpdateSnapshotRequest must be set.")
+        for path in paths:
+            if path == "labels":
+                current.config.labels.clear()
+                current.config.labels.update(snapshot.labels)
+            elif path == "expire_time":
+                current.config.expire_time.CopyFrom(snapshot.expire_time)
+            else:
+                raise _invalid(f"Invalid update_mask provided: {path}")
+        return current.config
+
+    def delete_snapshot(self, name: str) -> None:
+        snapshot = self.snapshot(name)
+        del self.snapshots[name]
+        topic = self.topics.get(snapshot.config.topic)
+        if topic is not None:
+            topic.snapshots.discard(name)
+
+    def seek(self, sub_name: str, *, to_ns: int | None = None, snapshot: str = "") -> None:
+        """Mark messages acked or unacked in bulk, as the service's ``Seek`` does.
+
+        To a time: the messages published at or after it become unacked (those the
+        subscription still holds: unacked ones, acked ones it retains, and those its
+        topic retains since), the ones before it acked. To a snapshot: what the
+        snapshot holds becomes unacked, everything else acked. Outstanding leases are
+        dropped, so their messages are delivered again.
+        """
+        sub = self.live_subscription(sub_name)
+        held: dict[str, Any] = dict(sub.acked)
+        held.update({e.message.message_id: e.message for e in sub.backlog.values()})
+        if snapshot:
+            snap = self.snapshot(snapshot)
+            if snap.config.topic != sub.config.topic:
+                raise _invalid(
+                    f"The snapshot {snapshot} is of topic {snap.config.topic}, not of the "
+                    f"subscription's topic {sub.config.topic}."
+                )
+            wanted = {k: m for k, m in snap.messages.items() if sub.wants(m)}
+            rest = {k: m for k, m in held.items() if k not in wanted}
+        else:
+            assert to_ns is not None
+            topic = self.topics.get(sub.config.topic)
+            if topic is not None and topic.retention:
+                self._prune_log(topic, time.time_ns())
+                for message in topic.log:
+                    if sub.wants(message):
+                        held.setdefault(message.message_id, message)
+            wanted = {k: m for k, m in held.items() if m.publish_time.ToNanoseconds() >= to_ns}
+            rest = {k: m for k, m in held.items() if k not in wanted}
+        sub.backlog.clear()
+        sub.by_ack.clear()
+        for message in sorted(wanted.values(), key=_publish_order):
+            seq = next(self._seq)
+            sub.backlog[seq] = _Entry(seq, message)
+        sub.acked = rest if sub.config.retain_acked_messages else {}
+        sub.poke()
 
     def delete_subscription(self, name: str) -> None:
         sub = self.subscription(name)
@@ -424,7 +742,9 @@ class PubSubState:
         The service does this on its own, whether anyone pulls or not.
         """
         now = self.clock()
+        now_ns = time.time_ns()
         for sub in list(self.subscriptions.values()):
+            self._expire_retained(sub, now_ns)
             if not sub.by_ack and not sub.config.HasField("dead_letter_policy"):
                 continue
             self._expire(sub, now)
@@ -439,6 +759,23 @@ class PubSubState:
             for entry in done:
                 self._forward(sub, entry, policy.dead_letter_topic)
 
+    @staticmethod
+    def _expire_retained(sub: _Subscription, now_ns: int) -> None:
+        """Drop what is older than the subscription's ``message_retention_duration``."""
+        oldest = now_ns - int(sub.retention * 1e9)
+        if sub.backlog:
+            first = next(iter(sub.backlog.values()))
+            if first.message.publish_time.ToNanoseconds() < oldest:
+                for seq, entry in list(sub.backlog.items()):
+                    if entry.message.publish_time.ToNanoseconds() < oldest:
+                        del sub.backlog[seq]
+                        if entry.ack_id is not None:
+                            sub.by_ack.pop(entry.ack_id, None)
+        if sub.acked:
+            for key, message in list(sub.acked.items()):
+                if message.publish_time.ToNanoseconds() < oldest:
+                    del sub.acked[key]
+
     def next_wakeup(self, sub: _Subscription) -> float | None:
         """When a leased or delayed message of ``sub`` may become deliverable."""
         times = [e.deadline for e in sub.by_ack.values()]
@@ -448,29 +785,44 @@ class PubSubState:
         return min(future) if future else None
 
     def acknowledge(self, sub_name: str, ack_ids: Iterable[str]) -> None:
-        sub = self.subscription(sub_name)
+        """Ack; with exactly-once delivery, an ack id that is no longer valid fails.
+
+        Without it, as the service does, a late or unknown ack id is ignored. With
+        it, every such id is reported back (``PERMANENT_FAILURE_INVALID_ACK_ID`` in
+        the error's ``ErrorInfo``), the valid ones in the same request still acked.
+        """
+        sub = self.live_subscription(sub_name)
         now = self.clock()
+        failures: dict[str, str] = {}
         for ack_id in ack_ids:
             entry = sub.by_ack.pop(ack_id, None)
             if entry is None:
-                continue  # expired or unknown: ignored, as by the service
+                failures[ack_id] = "PERMANENT_FAILURE_INVALID_ACK_ID"
+                continue
             entry.ack_id = None
             if entry.deadline <= now:  # expired: the ack is too late
+                failures[ack_id] = "PERMANENT_FAILURE_INVALID_ACK_ID"
                 continue
             sub.backlog.pop(entry.seq, None)
+            if sub.config.retain_acked_messages:
+                sub.acked[entry.message.message_id] = entry.message
         sub.poke()
+        if failures and sub.exactly_once:
+            raise _AckIdFailure(failures)
 
     def modify_ack_deadline(self, sub_name: str, ack_ids: Iterable[str], seconds: int) -> None:
-        sub = self.subscription(sub_name)
+        sub = self.live_subscription(sub_name)
         if not 0 <= seconds <= MAX_ACK_DEADLINE:
             raise _invalid(
                 f"Invalid ack deadline given: {seconds}; it must be between 0 and "
                 f"{MAX_ACK_DEADLINE} seconds."
             )
         now = self.clock()
+        failures: dict[str, str] = {}
         for ack_id in ack_ids:
             entry = sub.by_ack.get(ack_id)
             if entry is None or entry.deadline <= now:
+                failures[ack_id] = "PERMANENT_FAILURE_INVALID_ACK_ID"
                 continue
             if seconds == 0:
                 del sub.by_ack[ack_id]
@@ -480,6 +832,8 @@ class PubSubState:
             else:
                 entry.deadline = now + seconds
         sub.poke()
+        if failures and sub.exactly_once:
+            raise _AckIdFailure(failures)
 
     def stats(self, sub_name: str) -> dict[str, int]:
         """What a subscription holds, read without leasing anything (acklane's inspection).
@@ -576,6 +930,17 @@ class PubSubServer:
             ),
             "DeleteTopic": unary(self.delete_topic, "DeleteTopicRequest", None),
             "Publish": unary(self.publish, "PublishRequest", "PublishResponse"),
+            "UpdateTopic": unary(self.update_topic, "UpdateTopicRequest", "Topic"),
+            "DetachSubscription": unary(
+                self.detach_subscription,
+                "DetachSubscriptionRequest",
+                "DetachSubscriptionResponse",
+            ),
+            "ListTopicSnapshots": unary(
+                self.list_topic_snapshots,
+                "ListTopicSnapshotsRequest",
+                "ListTopicSnapshotsResponse",
+            ),
         }
         subscriber = {
             "CreateSubscription": unary(self.create_subscription, "Subscription", "Subscription"),
@@ -594,6 +959,15 @@ class PubSubServer:
             "Pull": unary(self.pull, "PullRequest", "PullResponse"),
             "Acknowledge": unary(self.acknowledge, "AcknowledgeRequest", None),
             "ModifyAckDeadline": unary(self.modify_ack_deadline, "ModifyAckDeadlineRequest", None),
+            "ModifyPushConfig": unary(self.modify_push_config, "ModifyPushConfigRequest", None),
+            "CreateSnapshot": unary(self.create_snapshot, "CreateSnapshotRequest", "Snapshot"),
+            "GetSnapshot": unary(self.get_snapshot, "GetSnapshotRequest", "Snapshot"),
+            "UpdateSnapshot": unary(self.update_snapshot, "UpdateSnapshotRequest", "Snapshot"),
+            "ListSnapshots": unary(
+                self.list_snapshots, "ListSnapshotsRequest", "ListSnapshotsResponse"
+            ),
+            "DeleteSnapshot": unary(self.delete_snapshot, "DeleteSnapshotRequest", None),
+            "Seek": unary(self.seek, "SeekRequest", "SeekResponse"),
             "StreamingPull": grpc.stream_stream_rpc_method_handler(
                 self.streaming_pull,
                 request_deserializer=_pb["StreamingPullRequest"].FromString,
@@ -606,11 +980,27 @@ class PubSubServer:
                 self._inspect_stats
             ),
         }
-        return (
+        iam = {
+            name: grpc.unary_unary_rpc_method_handler(self._refuse_iam)
+            for name in ("SetIamPolicy", "GetIamPolicy", "TestIamPermissions")
+        }
+        handlers = [
             grpc.method_handlers_generic_handler("google.pubsub.v1.Publisher", publisher),
             grpc.method_handlers_generic_handler("google.pubsub.v1.Subscriber", subscriber),
             grpc.method_handlers_generic_handler(INSPECT_STATS.split("/")[1], inspector),
+            grpc.method_handlers_generic_handler("google.iam.v1.IAMPolicy", iam),
+        ]
+        handlers.append(self.state.schemas.handler(self._guard))
+        return tuple(handlers)
+
+    @staticmethod
+    async def _refuse_iam(request: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
+        await context.abort(
+            grpc.StatusCode.UNIMPLEMENTED,
+            "acklane's Pub/Sub emulator does not implement IAM policies (google.iam.v1."
+            "IAMPolicy); neither does Google's emulator. Test access control on the service.",
         )
+        raise AssertionError("unreachable")  # abort raises
 
     async def _inspect_stats(
         self, request: bytes, context: grpc.aio.ServicerContext[Any, Any]
@@ -631,7 +1021,9 @@ class PubSubServer:
         async def call(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             try:
                 return await (fn(request, context) if with_context else fn(request))
-            except _Abort as exc:
+            except _AckIdFailure as exc:
+                await context.abort(exc.code, exc.message, exc.trailing_metadata())
+            except (_Abort, SchemaError) as exc:
                 await context.abort(exc.code, exc.message)
 
         return call
@@ -664,6 +1056,18 @@ class PubSubServer:
     async def publish(self, request: Any) -> Any:
         ids = self.state.publish(request.topic, request.messages)
         return _pb["PublishResponse"](message_ids=ids)
+
+    async def update_topic(self, request: Any) -> Any:
+        return self.state.update_topic(request.topic, request.update_mask.paths)
+
+    async def detach_subscription(self, request: Any) -> Any:
+        self.state.detach_subscription(request.subscription)
+        return _pb["DetachSubscriptionResponse"]()
+
+    async def list_topic_snapshots(self, request: Any) -> Any:
+        names = sorted(self.state.topic(request.topic).snapshots)
+        page, token = _page(names, request.page_size, request.page_token)
+        return _pb["ListTopicSnapshotsResponse"](snapshots=page, next_page_token=token)
 
     # ----------------------------------------------------------- subscriber
 
@@ -703,11 +1107,49 @@ class PubSubServer:
         )
         return empty_pb2.Empty()
 
+    async def modify_push_config(self, request: Any) -> Any:
+        if request.push_config.push_endpoint:
+            raise _unimplemented("push subscriptions (push_config.push_endpoint)")
+        sub = self.state.subscription(request.subscription)
+        sub.config.ClearField("push_config")  # an empty push config: a pull subscription
+        return empty_pb2.Empty()
+
+    async def create_snapshot(self, request: Any) -> Any:
+        return self.state.create_snapshot(request.name, request.subscription, dict(request.labels))
+
+    async def get_snapshot(self, request: Any) -> Any:
+        return self.state.snapshot(request.snapshot).config
+
+    async def update_snapshot(self, request: Any) -> Any:
+        return self.state.update_snapshot(request.snapshot, request.update_mask.paths)
+
+    async def list_snapshots(self, request: Any) -> Any:
+        project = _project(request.project)
+        names = sorted(n for n in self.state.snapshots if n.startswith(f"projects/{project}/"))
+        page, token = _page(names, request.page_size, request.page_token)
+        return _pb["ListSnapshotsResponse"](
+            snapshots=[self.state.snapshots[n].config for n in page], next_page_token=token
+        )
+
+    async def delete_snapshot(self, request: Any) -> Any:
+        self.state.delete_snapshot(request.snapshot)
+        return empty_pb2.Empty()
+
+    async def seek(self, request: Any) -> Any:
+        target = request.WhichOneof("target")
+        if target == "time":
+            self.state.seek(request.subscription, to_ns=request.time.ToNanoseconds())
+        elif target == "snapshot":
+            self.state.seek(request.subscription, snapshot=request.snapshot)
+        else:
+            raise _invalid("A seek needs a time or a snapshot.")
+        return _pb["SeekResponse"]()
+
     async def pull(self, request: Any, context: Any = None) -> Any:
         if request.max_messages <= 0:
             raise _invalid("max_messages must be a positive integer.")
         state = self.state
-        sub = state.subscription(request.subscription)
+        sub = state.live_subscription(request.subscription)
         give_up = state.clock() + (0 if request.return_immediately else self.pull_wait)
         while True:
             sub.changed.clear()
@@ -731,7 +1173,7 @@ class PubSubServer:
         except StopAsyncIteration:
             return
         try:
-            sub = state.subscription(first.subscription)
+            sub = state.live_subscription(first.subscription)
             deadline = first.stream_ack_deadline_seconds
             if not state.min_ack_deadline <= deadline <= MAX_ACK_DEADLINE:
                 raise _invalid(
@@ -763,7 +1205,7 @@ class PubSubServer:
 
         reader = asyncio.create_task(read())
         properties = t.StreamingPullResponse.SubscriptionProperties.pb()(
-            message_ordering_enabled=sub.ordered
+            message_ordering_enabled=sub.ordered, exactly_once_delivery_enabled=sub.exactly_once
         )
         try:
             while not closed.is_set() and state.subscriptions.get(sub.config.name) is sub:
@@ -822,6 +1264,43 @@ def _page(names: list[str], size: int, token: str) -> tuple[list[str], str]:
     size = size if size > 0 else 1000
     page = names[start : start + size]
     return page, str(start + size) if start + size < len(names) else ""
+
+
+_TOPIC_UPDATABLE = (
+    "labels",
+    "message_storage_policy",
+    "kms_key_name",
+    "schema_settings",
+    "message_retention_duration",
+    "ingestion_data_source_settings",
+    "message_transforms",
+)
+_SUBSCRIPTION_UPDATABLE = (
+    "ack_deadline_seconds",
+    "dead_letter_policy",
+    "retry_policy",
+    "labels",
+    "message_retention_duration",
+    "retain_acked_messages",
+    "enable_exactly_once_delivery",
+    "expiration_policy",
+    "push_config",
+)
+
+
+def _refuse_unmodelled_subscription(sub: Any) -> None:
+    """The subscription features the emulator does not model, refused by name."""
+    if sub.HasField("push_config") and sub.push_config.push_endpoint:
+        raise _unimplemented("push subscriptions (push_config.push_endpoint)")
+    for name in ("bigquery_config", "cloud_storage_config", "bigtable_config"):
+        if sub.HasField(name):
+            raise _unimplemented(f"export subscriptions ({name})")
+    if len(sub.message_transforms):
+        raise _unimplemented("single message transforms (message_transforms)")
+
+
+def _publish_order(message: Any) -> tuple[int, int]:
+    return message.publish_time.ToNanoseconds(), int(message.message_id or 0)
 
 
 def relaxed_from_env() -> bool:

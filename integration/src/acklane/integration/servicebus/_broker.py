@@ -9,7 +9,7 @@ from __future__ import annotations
 import heapq
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +17,7 @@ import proton
 from proton import Data, Described, symbol, timestamp
 
 from ._config import EntityProperties
+from ._rules import DEFAULT_RULE, Rule, route
 
 # proton's annotations are narrower than what its message sections accept.
 Message: Any = proton.Message
@@ -37,6 +38,7 @@ _LOCKED = symbol("x-opt-locked-until")
 _LOCK_TOKEN = symbol("x-opt-lock-token")
 _DL_SOURCE = symbol("x-opt-deadletter-source")
 _SCHEDULED = symbol("x-opt-scheduled-enqueue-time")
+_STATE = symbol("x-opt-message-state")
 
 
 @dataclass(slots=True, eq=False)
@@ -53,11 +55,18 @@ class Stored:
     dead_letter_source: str | None = None
 
     def encode(
-        self, locked_until: float | None = None, lock_token: uuid.UUID | None = None
+        self,
+        locked_until: float | None = None,
+        lock_token: uuid.UUID | None = None,
+        state: int | None = None,
     ) -> bytes:
         msg = self.message
         annotations = dict(msg.annotations or {})
         annotations[_SEQ] = self.seq
+        if state is not None:
+            annotations[_STATE] = state
+        else:
+            annotations.pop(_STATE, None)
         annotations[_ENQ] = timestamp(int(self.enqueued * 1000))
         if locked_until is not None:
             annotations[_LOCKED] = timestamp(int(locked_until * 1000))
@@ -69,7 +78,8 @@ class Stored:
             annotations[_DL_SOURCE] = self.dead_letter_source
         msg.annotations = annotations
         data: bytes = msg.encode()
-        return self._header(msg) + _strip_header(data)
+        raw_body: bytes | None = getattr(msg, "raw_body", None)
+        return self._header(msg) + _strip_header(data) + (raw_body or b"")
 
     def _header(self, msg: Any) -> bytes:
         """The header section with every field written (proton trims a 0 delivery-count,
@@ -92,6 +102,64 @@ class Stored:
         out.exit()
         encoded: bytes = out.encode()
         return encoded
+
+
+_BODY_SECTIONS = (0x75, 0x76, 0x77)  # data, amqp-sequence, amqp-value
+_FOOTER = 0x78
+
+
+def decode_message(raw: bytes) -> Any:
+    """An AMQP message as proton reads it, whatever body the SDK sent.
+
+    proton cannot turn every valid body into Python objects (a map with binary keys:
+    its ``memoryview`` keys are unhashable; several data or sequence sections: it
+    keeps the last). Such a body is kept as its encoded
+    sections (``raw_body``) and sent on byte for byte, as the service does; only the
+    header, annotations and properties are read. A message that is not valid AMQP
+    still raises.
+    """
+    # several data or sequence sections: proton keeps only the last one (a cheap
+    # byte search; a false hit only costs the section walk below)
+    several = raw.count(b"\x00Su") > 1 or raw.count(b"\x00Sv") > 1
+    if not several:
+        message = Message()
+        try:
+            message.decode(raw)
+            message.raw_body = None
+            return message
+        except (ValueError, TypeError, KeyError):
+            pass
+    head = bytearray()
+    body = bytearray()
+    offset = 0
+    while offset < len(raw):
+        data = Data()
+        used = data.decode(raw[offset:])
+        section = raw[offset : offset + used]
+        offset += used
+        data.rewind()
+        data.next()
+        data.enter()
+        data.next()
+        descriptor = data.get_ulong() if data.type() == Data.ULONG else None
+        if descriptor in _BODY_SECTIONS or descriptor == _FOOTER:
+            body += section
+        else:
+            head += section
+    message = Message()
+    if head:
+        message.decode(bytes(head))
+    message.body = None
+    message.raw_body = bytes(body)
+    return message
+
+
+def copy_message(message: Any) -> Any:
+    """A copy of a decoded message that keeps a body proton could not read."""
+    raw = message.encode()
+    raw_body: bytes | None = getattr(message, "raw_body", None)
+    copy = decode_message(raw + raw_body if raw_body else raw)
+    return copy
 
 
 def _strip_header(raw: bytes) -> bytes:
@@ -123,6 +191,8 @@ class SessionState:
     owner: Any = None  # the link holding the session lock
     until: float = 0.0
     state: bytes | None = None
+    #: When ``state`` was last set (``time.time()``), for list-sessions' filter.
+    state_updated: float = 0.0
 
 
 class Entity:
@@ -130,6 +200,8 @@ class Entity:
 
     def __init__(self, path: str, props: EntityProperties, *, dead_letter: bool = False) -> None:
         self.path = path
+        #: A subscription's rules, by name (None for a queue or a dead-letter sub-queue).
+        self.rules: dict[str, Rule] | None = None
         self.props = props
         self.is_dead_letter = dead_letter
         self.messages: dict[int, Stored] = {}  # every message not yet removed, by seq
@@ -250,11 +322,20 @@ class Entity:
             raise ValueError(outcome)
 
     def peekable(self) -> Iterator[Stored]:
+        """What a peek sees, in sequence order: active and deferred messages, and the
+        scheduled ones not enqueued yet (the service shows those too)."""
         now = time.time()
-        for seq in sorted(self.messages):
-            stored = self.messages[seq]
+        merged = {**self.scheduled, **self.messages}
+        for seq in sorted(merged):
+            stored = merged[seq]
             if stored.expires is None or stored.expires > now:
                 yield stored
+
+    def state_of(self, stored: Stored) -> int:
+        """``x-opt-message-state``: 0 active, 1 deferred, 2 scheduled."""
+        if stored.seq in self.scheduled and stored.seq not in self.messages:
+            return 2
+        return 1 if stored.deferred else 0
 
     def counts(self) -> dict[str, int]:
         return {
@@ -293,14 +374,27 @@ class Broker:
         self._seq[key] = 0
         return entity
 
-    def create_topic(self, name: str, subscriptions: dict[str, EntityProperties]) -> Topic:
+    def create_topic(
+        self,
+        name: str,
+        subscriptions: dict[str, EntityProperties],
+        rules: Mapping[str, Sequence[Rule]] | None = None,
+    ) -> Topic:
+        """A topic and its subscriptions, each with its rules (``$Default``, a true
+        filter, for a subscription declared without any)."""
         key = name.lower()
         if key in self.queues or key in self.topics:
             raise ValueError(f"entity {name!r} already exists")
-        topic = self.topics[key] = Topic(name)
-        self._seq[key] = 0
+        topic = Topic(name)
         for sub, props in subscriptions.items():
-            topic.subscriptions[sub.lower()] = Entity(f"{name}/Subscriptions/{sub}", props)
+            entity = Entity(f"{name}/Subscriptions/{sub}", props)
+            declared = list((rules or {}).get(sub, ()))
+            entity.rules = (
+                {r.name: r for r in declared} if declared else {DEFAULT_RULE: Rule.true()}
+            )
+            topic.subscriptions[sub.lower()] = entity
+        self.topics[key] = topic
+        self._seq[key] = 0
         return topic
 
     def delete(self, name: str) -> list[Entity]:
@@ -352,22 +446,30 @@ class Broker:
         annotations: dict[Any, Any] = message.annotations or {}
         when = annotations.get(_SCHEDULED) if scheduled else None
         for entity in targets:
-            copy = Message()
-            copy.decode(message.encode())
-            ttl = message.ttl if message.ttl else None
-            if entity.props.default_ttl is not None:
-                ttl = min(ttl, entity.props.default_ttl) if ttl else entity.props.default_ttl
-            stored = Stored(
-                seq=seq,
-                message=copy,
-                enqueued=now,
-                expires=None if ttl is None else now + ttl,
-                session=message.group_id,
+            copies = (
+                [copy_message(message)]
+                if entity.rules is None
+                else route(entity.rules, message, copy_message)
             )
-            if when is not None and float(when) / 1000 > now:
-                entity.scheduled[seq] = stored
-            else:
-                entity.add(stored)
+            for n, copy in enumerate(copies):
+                if n:  # a second copy in one subscription (several rules with actions)
+                    self._seq[key] = self._seq[key] + 1
+                this_seq = seq if not n else self._seq[key]
+                ttl = copy.ttl if copy.ttl else None
+                if entity.props.default_ttl is not None:
+                    ttl = min(ttl, entity.props.default_ttl) if ttl else entity.props.default_ttl
+                stored = Stored(
+                    seq=this_seq,
+                    message=copy,
+                    enqueued=now,
+                    expires=None if ttl is None else now + ttl,
+                    session=copy.group_id,
+                )
+                if when is not None and float(when) / 1000 > now:
+                    entity.scheduled[this_seq] = stored
+                else:
+                    entity.add(stored)
+            if copies and (when is None or float(when) / 1000 <= now):
                 self.on_ready(entity)
         return seq
 

@@ -9,8 +9,11 @@ The file's shape::
         "Topics": [{"Name": "events", "Properties": {},
                     "Subscriptions": [{"Name": "audit", "Properties": {...}}]}]}]}}
 
-Durations are ISO 8601 (``PT1M``, ``PT0.5S``, ``P1D``). Unknown properties are
-ignored (the emulator does not implement forwarding or duplicate detection).
+Durations are ISO 8601 (``PT1M``, ``PT0.5S``, ``P1D``). A subscription's ``Rules``
+(``Name``, ``Properties`` with ``FilterType`` ``Sql`` / ``Correlation``, ``SqlFilter``,
+``CorrelationFilter``, ``Action``) are honoured. Properties that would change delivery
+and are not modelled (duplicate detection, forwarding, partitioning, auto-delete) are
+refused with an error naming them; properties with no effect on delivery are accepted.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+from ._rules import Rule, RuleError
 
 __all__ = [
     "DEFAULT_NAMESPACE",
@@ -87,6 +92,8 @@ class EntityProperties:
 class TopicSpec:
     name: str
     subscriptions: dict[str, EntityProperties] = field(default_factory=dict)
+    #: Each subscription's declared rules (none declared: the ``$Default`` true filter).
+    rules: dict[str, tuple[Rule, ...]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -108,10 +115,43 @@ class EmulatorConfig:
         config = cls(namespace=ns.get("Name") or DEFAULT_NAMESPACE)
         for queue in ns.get("Queues") or ():
             config.queues[queue["Name"]] = EntityProperties.from_json(queue.get("Properties"))
+        for queue in ns.get("Queues") or ():
+            _refuse_unmodelled(f"queue {queue['Name']}", queue.get("Properties"))
         for topic in ns.get("Topics") or ():
-            subs = {
-                sub["Name"]: EntityProperties.from_json(sub.get("Properties"))
-                for sub in topic.get("Subscriptions") or ()
-            }
-            config.topics[topic["Name"]] = TopicSpec(topic["Name"], subs)
+            _refuse_unmodelled(f"topic {topic['Name']}", topic.get("Properties"))
+            subs: dict[str, EntityProperties] = {}
+            rules: dict[str, tuple[Rule, ...]] = {}
+            for sub in topic.get("Subscriptions") or ():
+                where = f"subscription {topic['Name']}/{sub['Name']}"
+                _refuse_unmodelled(where, sub.get("Properties"))
+                subs[sub["Name"]] = EntityProperties.from_json(sub.get("Properties"))
+                try:
+                    rules[sub["Name"]] = tuple(Rule.from_json(r) for r in sub.get("Rules") or ())
+                except RuleError as exc:
+                    raise ValueError(f"{where}: invalid rule: {exc}") from None
+            config.topics[topic["Name"]] = TopicSpec(topic["Name"], subs, rules)
         return config
+
+
+#: Properties of Microsoft's Config.json that change what the service does and that
+#: this emulator does not model: refused, so that a pipeline never behaves differently
+#: here without a word. (Properties with no effect on delivery, such as
+#: MaxSizeInMegabytes or EnableBatchedOperations, are accepted.)
+_UNMODELLED = {
+    "RequiresDuplicateDetection": "duplicate detection",
+    "ForwardTo": "auto-forwarding",
+    "ForwardDeadLetteredMessagesTo": "auto-forwarding of dead letters",
+    "DeadLetteringOnFilterEvaluationExceptions": "dead-lettering on filter errors",
+    "EnablePartitioning": "partitioned entities",
+    "AutoDeleteOnIdle": "auto-delete on idle",
+}
+
+
+def _refuse_unmodelled(where: str, props: dict[str, Any] | None) -> None:
+    for name, feature in _UNMODELLED.items():
+        value = (props or {}).get(name)
+        if value not in (None, False, "", "P10675199DT2H48M5.4775807S"):
+            raise ValueError(
+                f"{where}: {name} ({feature}) is not implemented by acklane's Service Bus "
+                "emulator; remove it, or test this feature against the service"
+            )

@@ -157,11 +157,21 @@ class ServiceBusEmulator(LocalProcessEmulator):
         return name
 
     def create_topic(
-        self, name: str | None = None, subscriptions: Iterable[str] = ("sub",), **properties: Any
+        self,
+        name: str | None = None,
+        subscriptions: Iterable[str] = ("sub",),
+        *,
+        rules: dict[str, list[dict[str, Any]]] | None = None,
+        **properties: Any,
     ) -> str:
-        """Create a topic with subscriptions sharing ``properties``."""
+        """Create a topic with subscriptions sharing ``properties``; ``rules`` by
+        subscription (``{"name": ..., "sql": ...}``, ``"correlation": {...}``,
+        ``"action": ...``, or the ``Config.json`` shape), else each gets ``$Default``."""
         name = name or f"t-{uuid.uuid4().hex[:12]}"
-        subs = [{"name": s, "properties": properties} for s in subscriptions]
+        subs = [
+            {"name": s, "properties": properties, "rules": (rules or {}).get(s, [])}
+            for s in subscriptions
+        ]
         self._admin("POST", "/entities", {"topic": name, "subscriptions": subs})
         return name
 

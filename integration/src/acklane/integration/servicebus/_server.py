@@ -25,7 +25,9 @@ import hashlib
 import hmac
 import json
 import logging
+import os
 import queue
+import socket
 import threading
 import time
 import urllib.parse
@@ -43,14 +45,17 @@ from proton import (
     Described,
     Endpoint,
     Handler,
+    Terminus,
     symbol,
     timestamp,
     ulong,
 )
 from proton.reactor import Container
 
-from ._broker import Broker, Entity, Lock, SessionState, Stored
+from ._broker import Broker, Entity, Lock, SessionState, Stored, decode_message
 from ._config import EmulatorConfig, EntityProperties
+from ._rules import Rule, RuleError
+from ._sequencer import FrameSequencer
 
 # proton's annotations are narrower than what it accepts (binary delivery tags, mutable
 # message sections): its links and messages are handled as Any here.
@@ -64,6 +69,8 @@ log = logging.getLogger("acklane.integration.servicebus")
 DEFAULT_KEY_NAME = "RootManageSharedAccessKey"
 DEFAULT_KEY = "SAS_KEY_VALUE"
 _TICK = 0.05
+#: Set to 0 to serve proton directly, without the frame sequencer in front of it.
+SEQUENCER_ENV = "ACKLANE_SERVICEBUS_SEQUENCER"
 _SESSION_FILTER = symbol("com.microsoft:session-filter")
 _LOCKED_UNTIL_UTC = symbol("com.microsoft:locked-until-utc")
 _TIMEOUT = symbol("com.microsoft:timeout")
@@ -71,6 +78,8 @@ _DOTNET_EPOCH_TICKS = 621355968000000000
 _DATA_SECTION = 0x75
 _SECTION_PREFIX = b"\x00\x53"
 _DEFAULT_SESSION_WAIT = 65.0
+#: list-sessions' "no filter" value of last-updated-time: the year 10000, in seconds.
+_LIST_SESSIONS_SENTINEL_S = 253402300800.0
 
 
 #: The error a refused settlement is answered with (not retried by the SDK).
@@ -82,6 +91,32 @@ class _MgmtError(Exception):
     def __init__(self, status: int, condition: str, description: str) -> None:
         super().__init__(description)
         self.status, self.condition, self.description = status, condition, description
+
+
+def _send_failure(condition: str, description: str) -> Condition:
+    """The error of a refused transfer, with the info map the service always sends (the
+    SDK's sender reads it, and fails its callback without one, leaving the send hung)."""
+    return Condition(
+        condition, description, {symbol("com.microsoft:tracking-id"): str(uuid.uuid4())}
+    )
+
+
+def _plain_description(rule: Rule) -> dict[str, Any]:
+    """A rule's description as AMQP-encodable strings and maps."""
+    description = dict(rule.description or {})
+    out: dict[str, Any] = {}
+    kind = description.get("filter", {}).get("type", "true")
+    if kind == "sql":
+        out["sql-filter"] = {"expression": description["filter"]["expression"]}
+    elif kind == "correlation":
+        out["correlation-filter"] = {
+            k: v for k, v in description["filter"].items() if k != "type" and v is not None
+        }
+    else:
+        out[f"{kind}-filter"] = {}
+    if "action" in description:
+        out["sql-rule-action"] = {"expression": description["action"]}
+    return out
 
 
 def _lock_lost(description: str = "The lock supplied is invalid.") -> _MgmtError:
@@ -137,14 +172,19 @@ def split_batch(raw: bytes) -> list[bytes] | None:
             return None
         offset += used
         data.rewind()
-        data.next()
-        value = data.get_object()
-        if not isinstance(value, Described):
+        if data.next() != Data.DESCRIBED:
             return None
+        data.enter()
+        data.next()
+        # only the descriptor is read: a section's value may be one proton cannot turn
+        # into Python objects (see decode_message)
+        descriptor = int(data.get_ulong()) if data.type() == Data.ULONG else -1
         sections += 1
-        descriptor = int(value.descriptor) if isinstance(value.descriptor, int) else -1
         if descriptor == _DATA_SECTION:
-            body = bytes(value.value)  # type: ignore[arg-type]
+            data.next()
+            if data.type() != Data.BINARY:
+                return None
+            body = bytes(data.get_binary())
             if not body.startswith(_SECTION_PREFIX):
                 return None
             parts.append(body)
@@ -154,7 +194,7 @@ def split_batch(raw: bytes) -> list[bytes] | None:
         return None
     for part in parts:
         try:
-            Message().decode(part)
+            decode_message(part)
         except Exception:
             return None
     return parts
@@ -234,7 +274,7 @@ class ServiceBusServer(Handler):
         for name, props in config.queues.items():
             self.broker.create_queue(name, props)
         for topic in config.topics.values():
-            self.broker.create_topic(topic.name, dict(topic.subscriptions))
+            self.broker.create_topic(topic.name, dict(topic.subscriptions), topic.rules)
         self.commands: queue.Queue[tuple[Callable[[], Any], queue.Queue[Any]]] = queue.Queue()
         self._links: list[Any] = []
         self._pending_sessions: list[Any] = []
@@ -303,7 +343,7 @@ class ServiceBusServer(Handler):
                     self._incoming(link, info, bytes(raw), delivery)
                 except Exception as exc:
                     log.exception("incoming message failed")
-                    delivery.local.condition = Condition("amqp:internal-error", str(exc))
+                    delivery.local.condition = _send_failure("amqp:internal-error", str(exc))
                     delivery.update(Delivery.REJECTED)
                     delivery.settle()
                 link.flow(1)
@@ -333,10 +373,17 @@ class ServiceBusServer(Handler):
     # -------------------------------------------------------------------- links
 
     def _refuse(self, link: Any, condition: str, description: str) -> None:
-        link.source.copy(link.remote_source)
-        link.target.copy(link.remote_target)
-        if link.is_sender and not link.source.address:
-            link.source.address = link.remote_source.address or "unknown"
+        """Refuse a link as AMQP 1.0 says (2.6.3) and the service does: attach with a
+        null terminus on our side (the target of a link the client sends on, the
+        source of one it receives on), then detach at once with the error. The SDK
+        then fails the open with the error's own exception (``amqp:not-found`` is
+        ``MessagingEntityNotFoundError``) instead of a later, unknown send failure."""
+        if link.is_receiver:
+            link.source.copy(link.remote_source)
+            link.target.type = Terminus.UNSPECIFIED  # encoded as null
+        else:
+            link.target.copy(link.remote_target)
+            link.source.type = Terminus.UNSPECIFIED
         link.open()
         link.condition = Condition(condition, description)
         link.close()
@@ -625,15 +672,15 @@ class ServiceBusServer(Handler):
             delivery.settle()
             return
         if not self.broker.is_send_target(info.path):
-            delivery.local.condition = Condition("amqp:not-found", f"entity '{info.path}' is gone")
+            delivery.local.condition = _send_failure(
+                "amqp:not-found", f"entity '{info.path}' is gone"
+            )
             delivery.update(Delivery.REJECTED)
             delivery.settle()
             return
         parts = split_batch(raw)
         for part in parts if parts is not None else [raw]:
-            message = Message()
-            message.decode(part)
-            self.broker.enqueue(info.path, message)
+            self.broker.enqueue(info.path, decode_message(part))
         delivery.update(Delivery.ACCEPTED)
         delivery.settle()
 
@@ -767,7 +814,7 @@ class ServiceBusServer(Handler):
             count = int(body.get("message-count", 1))
             session = body.get("session-id")
             found = [
-                {"message": s.encode()}
+                {"message": s.encode(state=entity.state_of(s))}
                 for s in entity.peekable()
                 if s.seq >= start and (session is None or s.session == str(session))
             ][:count]
@@ -787,7 +834,7 @@ class ServiceBusServer(Handler):
                     out.append({"message": stored.encode()})
                 else:
                     lock = entity.lock(stored, now + entity.props.lock_duration)
-                    locked: dict[str, Any] = {"message": stored.encode(lock.until)}
+                    locked: dict[str, Any] = {"message": stored.encode(lock.until, state=1)}
                     locked["lock-token"] = lock.token
                     out.append(locked)
             return {"messages": out}
@@ -796,8 +843,7 @@ class ServiceBusServer(Handler):
                 raise _MgmtError(404, "amqp:not-found", f"no entity {path!r}")
             seqs = []
             for item in _values(body.get("messages")):
-                message = Message()
-                message.decode(bytes(item["message"]))
+                message = decode_message(bytes(item["message"]))
                 seqs.append(self.broker.enqueue(path, message, scheduled=True))
             return {"sequence-numbers": Array(Data.NULL, Data.LONG, *seqs)}
         if op == "cancel-scheduled-message":
@@ -824,8 +870,101 @@ class ServiceBusServer(Handler):
                 return {"session-state": state.state}
             raw = body.get("session-state")
             state.state = None if raw is None else bytes(raw)
+            state.state_updated = now
             return {}
+        if op == "get-message-sessions":
+            return self._list_sessions(self._entity(path), body)
+        if op in ("add-rule", "remove-rule", "enumerate-rules"):
+            return self._rules_operation(op, self._entity(path), body)
         raise _MgmtError(400, "amqp:not-implemented", f"operation {operation!r} is not supported")
+
+    @staticmethod
+    def _rules_operation(op: str, entity: Entity, body: dict[Any, Any]) -> Any:
+        """Rule management over ``$management`` (a subscription's rules).
+
+        ``add-rule``: ``rule-name`` and ``rule-description`` with one of ``sql-filter``
+        (``expression``), ``correlation-filter`` (its properties; ``properties`` for
+        application properties), ``true-filter`` or ``false-filter``, and optionally
+        ``sql-rule-action`` (``expression``). ``remove-rule``: ``rule-name``.
+        ``enumerate-rules`` (``skip``, ``top``): ``{"rules": [{"rule-description":
+        {...}}]}``, each with its ``rule-name``.
+        """
+        if entity.rules is None:
+            raise _MgmtError(
+                400, "com.microsoft:argument-error", f"'{entity.path}' is not a subscription"
+            )
+        if op == "enumerate-rules":
+            skip = int(body.get("skip", 0) or 0)
+            top = int(body.get("top", 100) or 100)
+            listed = [
+                {"rule-description": {"rule-name": r.name, **_plain_description(r)}}
+                for r in list(entity.rules.values())[skip : skip + top]
+            ]
+            return {"rules": listed} if listed else None
+        name = _text(body.get("rule-name"))
+        if not name:
+            raise _MgmtError(400, "com.microsoft:argument-error", "a rule-name is required")
+        if op == "remove-rule":
+            if name not in entity.rules:
+                raise _MgmtError(
+                    404, "com.microsoft:message-not-found", f"The rule '{name}' was not found."
+                )
+            del entity.rules[name]
+            return {}
+        if name in entity.rules:
+            raise _MgmtError(
+                409, "com.microsoft:entity-already-exists", f"The rule '{name}' already exists."
+            )
+        description = body.get("rule-description") or {}
+        spec: dict[str, Any] = {"name": name}
+        if "sql-filter" in description:
+            spec["sql"] = _text((description["sql-filter"] or {}).get("expression"))
+        elif "correlation-filter" in description:
+            correlation = {
+                _text(k): (
+                    {_text(pk): pv for pk, pv in v.items()} if isinstance(v, dict) else _text(v)
+                )
+                for k, v in (description["correlation-filter"] or {}).items()
+            }
+            spec["correlation"] = {k.replace("-", ""): v for k, v in correlation.items()}
+        elif "false-filter" in description:
+            spec["filter_type"] = "false"
+        else:
+            spec["filter_type"] = "true"
+        action = description.get("sql-rule-action")
+        if action:
+            spec["action"] = _text((action or {}).get("expression"))
+        try:
+            entity.rules[name] = Rule.from_json(spec)
+        except RuleError as exc:
+            raise _MgmtError(400, "com.microsoft:argument-error", str(exc)) from None
+        return {}
+
+    @staticmethod
+    def _list_sessions(entity: Entity, body: dict[Any, Any]) -> Any:
+        """The session ids with active messages or a stored state, as the service lists
+        them; with a real ``last-updated-time`` (not the SDK's year-10000 sentinel),
+        those whose state was set after it."""
+        if not entity.sessionful:
+            raise _MgmtError(
+                400, "com.microsoft:argument-error", f"entity '{entity.path}' has no sessions"
+            )
+        since = body.get("last-updated-time")
+        since_s = float(since) / 1000 if since is not None else None
+        if since_s is not None and since_s >= _LIST_SESSIONS_SENTINEL_S:
+            since_s = None
+        ids: set[str] = set()
+        if since_s is None:
+            ids.update(s.session for s in entity.messages.values() if s.session is not None)
+            ids.update(n for n, st in entity.sessions.items() if st.state is not None)
+        else:
+            ids.update(n for n, st in entity.sessions.items() if st.state_updated > since_s)
+        skip = int(body.get("skip", 0) or 0)
+        top = int(body.get("top", 100) or 100)
+        page = sorted(ids)[skip : skip + top]
+        if not page:
+            return None  # 204 No Content: no session matches
+        return {"skip": skip + len(page), "sessions-ids": Array(Data.NULL, Data.STRING, *page)}
 
     # -------------------------------------------------------------------- time
 
@@ -896,7 +1035,11 @@ class ServiceBusServer(Handler):
                 s["name"]: EntityProperties.from_kwargs(**(s.get("properties") or {}))
                 for s in spec.get("subscriptions") or ()
             }
-            self.broker.create_topic(spec["topic"], subs)
+            rules = {
+                s["name"]: [Rule.from_json(r) for r in s.get("rules") or ()]
+                for s in spec.get("subscriptions") or ()
+            }
+            self.broker.create_topic(spec["topic"], subs, rules)
         else:
             raise ValueError("expected 'queue' or 'topic'")
 
@@ -988,6 +1131,12 @@ class _Admin(BaseHTTPRequestHandler):
         self._run(lambda: self.server_handler.delete(name))
 
 
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
 def serve(
     config: EmulatorConfig,
     *,
@@ -997,8 +1146,20 @@ def serve(
     key_name: str = DEFAULT_KEY_NAME,
     key: str = DEFAULT_KEY,
 ) -> None:
-    """Run the emulator until the process ends."""
-    handler = ServiceBusServer(config, host=host, port=port, key_name=key_name, key=key)
+    """Run the emulator until the process ends.
+
+    Clients connect to ``port``, where the frame sequencer listens (see
+    ``_sequencer``); proton serves on a loopback port of its own behind it.
+    """
+    if os.environ.get(SEQUENCER_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
+        handler = ServiceBusServer(config, host=host, port=port, key_name=key_name, key=key)
+    else:
+        engine_port = _free_port()
+        sequencer = FrameSequencer(host, port, ("127.0.0.1", engine_port))
+        handler = ServiceBusServer(
+            config, host="127.0.0.1", port=engine_port, key_name=key_name, key=key
+        )
+        sequencer.start()
     if admin_port is not None:
         admin_class = type("Admin", (_Admin,), {"server_handler": handler})
         httpd = ThreadingHTTPServer((host, admin_port), admin_class)
