@@ -10,8 +10,12 @@ operations the SDK uses (renew-lock, peek, receive-by-sequence-number, schedule 
 cancel, update-disposition, session lock and state), sessions (a session lock per
 receive link, the next available one on request), TTL and batches.
 
-What it does not: TLS, duplicate detection, forwarding, rules and filters,
-transactions, partitions, persistence (a restart empties it).
+Also subscription rules (SQL and correlation filters, SQL actions), listing
+sessions, any AMQP body the SDK sends, and a frame sequencer that tolerates the
+SDK's out-of-order delivery ids (docs/emulators.md).
+
+What it does not: TLS, duplicate detection, forwarding, partitions, transactions,
+persistence (a restart empties it); a Config.json asking for one of these is refused.
 
 A small HTTP admin endpoint (``--admin-port``) creates, deletes and counts entities
 for tests: the AMQP side follows the reactor, the admin side queues commands to it.
