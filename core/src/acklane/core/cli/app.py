@@ -101,27 +101,54 @@ if _running_the_pipeline():
     _startup = _StartupSignals()
     _startup.install()
 
-import asyncio  # noqa: E402 - after the signal handlers, on purpose
 import json  # noqa: E402
 import warnings  # noqa: E402
+from collections.abc import Callable  # noqa: E402
 from enum import StrEnum  # noqa: E402
-from importlib.metadata import (  # noqa: E402
-    PackageNotFoundError,
-    distributions,
-    entry_points,
-    version,
-)
+from functools import cache  # noqa: E402
 
 import typer  # noqa: E402
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
-from rich.text import Text  # noqa: E402
+from typer.core import TyperGroup  # noqa: E402
 
 from ..observe.logs import LogFormat, LogLevel, configure_logging, restore_logging  # noqa: E402
 from ..observe.redact import guard_std_streams, redact, redact_url  # noqa: E402
 
-# The configuration (and what it imports: pydantic, SQLAlchemy, connectors) is imported
-# when a command needs it, not with this module.
+if TYPE_CHECKING:
+    from rich.console import Console
+    from typer import _click
+
+# Start-up is part of every command (`acklane --version` is one import of this module and
+# typer's): the configuration (pydantic, SQLAlchemy, connectors), rich, asyncio,
+# importlib.metadata and each command group's module are imported when a command needs
+# them, not with this module. `_LazyGroup` loads a command group when it is run (or
+# listed by --help); tests/test_cli_startup.py holds `acklane --version` to that.
+
+
+class _LazyGroup(TyperGroup):
+    """The top-level group: the commands defined here, then those of :data:`_LAZY` and
+    of other distributions (entry points ``acklane.commands``), each built when first
+    asked for by name (running it, completing it, or listing them all for --help)."""
+
+    def list_commands(self, ctx: _click.Context) -> list[str]:
+        # as typer lists them: the commands, then the groups (each in its order), then
+        # other distributions' commands
+        here = super().list_commands(ctx)
+        groups = [n for n in here if isinstance(self.commands[n], TyperGroup)]
+        names = [n for n in here if n not in groups]
+        names += [n for n, (group, _) in _LAZY.items() if not group]
+        names += groups
+        names += [n for n, (group, _) in _LAZY.items() if group]
+        names += [n for n in _plugin_names() if n not in names]
+        return names
+
+    def get_command(self, ctx: _click.Context, cmd_name: str) -> _click.Command | None:
+        command = super().get_command(ctx, cmd_name)
+        if command is None:
+            command = _load_command(cmd_name)
+            if command is not None:
+                self.add_command(command, cmd_name)
+        return command
+
 
 app = typer.Typer(
     name="acklane",
@@ -130,9 +157,26 @@ app = typer.Typer(
     add_completion=True,
     # a traceback's local variables may hold a configuration's secrets
     pretty_exceptions_show_locals=False,
+    cls=_LazyGroup,
 )
-console = Console()
-err_console = Console(stderr=True, soft_wrap=True)
+
+
+@cache
+def _console(stderr: bool = False) -> Console:
+    """The console of stdout (or of stderr: soft-wrapped), made when first written to."""
+    from rich.console import Console
+
+    return Console(stderr=True, soft_wrap=True) if stderr else Console()
+
+
+def __getattr__(name: str) -> Any:
+    # `console` and `err_console`, as module attributes, without importing rich first
+    if name == "console":
+        return _console()
+    if name == "err_console":
+        return _console(stderr=True)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 ConfigArg = Annotated[Path, typer.Argument(help="The pipeline's YAML configuration.")]
 LogLevelOption = Annotated[
@@ -175,15 +219,19 @@ def _setup_logging(own: LogLevel | None, default: LogLevel) -> None:
 
 def _error(message: str, *, title: str | None = None) -> None:
     """An error for a person, on stderr, secrets masked, never wrapped."""
+    from rich.text import Text
+
     text = Text()
     if title:
         text.append(redact(title), style="red")
         text.append("\n" if "\n" in message else ": ")
     text.append(redact(message), style=None if title else "red")
-    err_console.print(text)
+    _console(stderr=True).print(text)
 
 
 def _version_text() -> str:
+    from importlib.metadata import PackageNotFoundError, distributions, version
+
     def of(name: str) -> str | None:
         try:
             return version(name)
@@ -191,12 +239,17 @@ def _version_text() -> str:
             return None
 
     core = of("acklane-core") or "unknown"
-    others = sorted(
-        f"{d.metadata['Name']} {d.version}"
-        for d in distributions()
-        if (d.metadata["Name"] or "").startswith("acklane-")
-        and d.metadata["Name"] not in ("acklane-core",)
-    )
+    others = []
+    for d in distributions():
+        # the name its dist-info directory gives, where it does: no metadata file read
+        # for each of the environment's distributions (a hundred take 80 ms)
+        quick = getattr(d, "_normalized_name", None)
+        if isinstance(quick, str) and not quick.startswith("acklane"):
+            continue
+        name = d.metadata["Name"] or ""
+        if name.startswith("acklane-") and name != "acklane-core":
+            others.append(f"{name} {d.version}")
+    others.sort()
     parts = [f"acklane-core {core}", *others, f"Python {sys.version.split()[0]}"]
     return f"acklane {of('acklane') or core} ({', '.join(parts)})"
 
@@ -368,6 +421,10 @@ def validate(
         if failed:
             raise typer.Exit(3)
         return
+    from rich.table import Table
+    from rich.text import Text
+
+    console = _console()
     table = Table(title=f"{config}: valid")
     table.add_column("watcher")
     table.add_column("stream")
@@ -395,6 +452,8 @@ def validate(
 
 def _connection_checks(cfg: AcklaneConfig, timeout: float) -> list[CheckResult]:
     """``validate --connect``: the store's and each upstream's check, each bounded."""
+    import asyncio
+
     from .checks import run_checks
 
     return asyncio.run(run_checks(cfg, call_timeout=timeout))
@@ -449,6 +508,8 @@ def run(
         _setup_logging(log_level, LogLevel.INFO)
         log.info("Starting the pipeline of %s", config)
         cfg = _load(config)
+        import asyncio
+
         from ..errors import AcklaneError
         from ..observe.metrics import start_metrics_server
         from ..pipeline.runner import Runner
@@ -487,35 +548,51 @@ DEMO_BROKERS_GROUP = "acklane.demos"  # name -> a DemoBroker subclass, for `ackl
 COMMANDS_GROUP = "acklane.commands"  # name -> a typer.Typer, added as `acklane NAME ...`
 
 
+def _entry_points(group: str) -> Any:
+    from importlib.metadata import entry_points
+
+    return entry_points(group=group)
+
+
 def _demo_broker_names() -> list[str]:
     """``--broker`` values: auto, memory and the registered demo brokers (not imported)."""
-    registered = {ep.name for ep in entry_points(group=DEMO_BROKERS_GROUP)} - {"auto", "memory"}
+    registered = {ep.name for ep in _entry_points(DEMO_BROKERS_GROUP)} - {"auto", "memory"}
     return ["auto", "memory", *sorted(registered)]
 
 
-@app.command()
-def demo(
-    messages: Annotated[int, typer.Option(min=6, max=500, help="How many messages.")] = 24,
-    broker: Annotated[
-        str,
-        typer.Option(
-            help="auto: the first registered demo broker that can start (a Kafka emulator "
-            "with acklane-integration), else the in-process broker; memory: the in-process "
-            f"broker; or a registered one (entry points {DEMO_BROKERS_GROUP}). "
-            f"Known: {', '.join(_demo_broker_names())}.",
-        ),
-    ] = "auto",
-    log_level: Annotated[
-        LogLevel | None,
-        typer.Option(
-            "--log-level",
-            case_sensitive=False,
-            help="Default WARNING; DEBUG shows the broker's logs too.",
-            show_default=False,
-        ),
-    ] = None,
-) -> None:
-    """Run a demo pipeline on embedded defaults and show what becomes of each message."""
+def _demo_app() -> typer.Typer:
+    """``acklane demo`` (its --broker help lists the registered demo brokers)."""
+    holder = typer.Typer()
+
+    @holder.command("demo")
+    def demo(
+        messages: Annotated[int, typer.Option(min=6, max=500, help="How many messages.")] = 24,
+        broker: Annotated[
+            str,
+            typer.Option(
+                help="auto: the first registered demo broker that can start (a Kafka emulator "
+                "with acklane-integration), else the in-process broker; memory: the in-process "
+                f"broker; or a registered one (entry points {DEMO_BROKERS_GROUP}). "
+                f"Known: {', '.join(_demo_broker_names())}.",
+            ),
+        ] = "auto",
+        log_level: Annotated[
+            LogLevel | None,
+            typer.Option(
+                "--log-level",
+                case_sensitive=False,
+                help="Default WARNING; DEBUG shows the broker's logs too.",
+                show_default=False,
+            ),
+        ] = None,
+    ) -> None:
+        """Run a demo pipeline on embedded defaults and show what becomes of each message."""
+        _run_demo(messages, broker, log_level)
+
+    return holder
+
+
+def _run_demo(messages: int, broker: str, log_level: LogLevel | None) -> None:
     _setup_logging(log_level, LogLevel.WARNING)
     known = _demo_broker_names()
     if broker not in known:
@@ -526,10 +603,14 @@ def demo(
         else:
             _error(f"--broker {broker!r}: no such demo broker (known: {', '.join(known)})")
         raise typer.Exit(2)
+    import asyncio
+
+    from rich.text import Text
+
     from .demo import UnknownDemoBroker, run_demo
 
     try:
-        code = asyncio.run(run_demo(messages, console, broker))
+        code = asyncio.run(run_demo(messages, _console(), broker))
     except UnknownDemoBroker as exc:
         _error(str(exc))
         raise typer.Exit(2) from None
@@ -537,51 +618,125 @@ def demo(
         log.debug("acklane demo --broker %s failed", broker, exc_info=True)
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         _error(f"acklane demo --broker {broker} failed: {type(exc).__name__}: {first}")
-        err_console.print(Text("(--log-level DEBUG shows the traceback)", style="dim"))
+        _console(stderr=True).print(Text("(--log-level DEBUG shows the traceback)", style="dim"))
         raise typer.Exit(1) from None
     raise typer.Exit(code)
 
 
-def _add_subcommands() -> None:
+def _events_app() -> typer.Typer:
     from .events import app as events_app
-    from .extras import SIBLING_COMMANDS
-    from .pipeline_test import run_tests as test_command
-    from .publish import publish as publish_command
-    from .sinks import app as sinks_app
     from .sinks import replay
-    from .store import app as store_app
-    from .top import top as top_command
 
     events_app.command("replay")(replay)
-    app.add_typer(events_app, name="events", help="See the trigger events that fired.")
-    app.add_typer(sinks_app, name="sinks", help="See and steer the delivery to sinks.")
-    app.add_typer(store_app, name="store", help="Read and write the task and asset stores.")
-    app.command("top")(top_command)
-    app.command("publish")(publish_command)
-    app.command("test")(test_command)
-    # Other distributions add theirs (acklane-integration: `acklane emulator`).
-    added: set[str] = set()
-    for ep in entry_points(group=COMMANDS_GROUP):
+    holder = typer.Typer()
+    holder.add_typer(events_app, name="events", help="See the trigger events that fired.")
+    return holder
+
+
+def _sinks_app() -> typer.Typer:
+    from .sinks import app as sinks_app
+
+    holder = typer.Typer()
+    holder.add_typer(sinks_app, name="sinks", help="See and steer the delivery to sinks.")
+    return holder
+
+
+def _store_app() -> typer.Typer:
+    from .store import app as store_app
+
+    holder = typer.Typer()
+    holder.add_typer(store_app, name="store", help="Read and write the task and asset stores.")
+    return holder
+
+
+def _publish_app() -> typer.Typer:
+    from .publish import publish as publish_command
+
+    holder = typer.Typer()
+    holder.command("publish")(publish_command)
+    return holder
+
+
+def _top_app() -> typer.Typer:
+    from .top import top as top_command
+
+    holder = typer.Typer()
+    holder.command("top")(top_command)
+    return holder
+
+
+def _test_app() -> typer.Typer:
+    from .pipeline_test import run_tests as test_command
+
+    holder = typer.Typer()
+    holder.command("test")(test_command)
+    return holder
+
+
+#: acklane's commands defined outside this module (or costly to define), in --help's
+#: order: name -> (whether it is a group, a function returning a Typer that holds that
+#: one command or group under that name), called only when the command is asked for.
+_LAZY: dict[str, tuple[bool, Callable[[], typer.Typer]]] = {
+    "demo": (False, _demo_app),
+    "top": (False, _top_app),
+    "publish": (False, _publish_app),
+    "test": (False, _test_app),
+    "events": (True, _events_app),
+    "sinks": (True, _sinks_app),
+    "store": (True, _store_app),
+}
+
+
+@cache
+def _plugin_names() -> tuple[str, ...]:
+    """Names of the commands of other distributions (entry points), then of acklane's
+    own distributions' commands whose distribution is not installed."""
+    from .extras import SIBLING_COMMANDS
+
+    names = [ep.name for ep in _entry_points(COMMANDS_GROUP)]
+    return (*dict.fromkeys(names), *(n for n in SIBLING_COMMANDS if n not in names))
+
+
+def _load_command(name: str) -> _click.Command | None:
+    """The click command ``acklane NAME`` runs, built now; None when there is none."""
+    lazy = _LAZY.get(name)
+    if lazy is not None:
+        holder = lazy[1]()
+    elif name in _plugin_names():
+        holder = _plugin_app(name)
+    else:
+        return None
+    command: _click.Command = typer.main.get_group(holder).commands[name]
+    return command
+
+
+def _plugin_app(name: str) -> typer.Typer:
+    """``acklane NAME`` of another distribution (acklane-integration: `acklane emulator`)."""
+    holder = typer.Typer()
+    for ep in _entry_points(COMMANDS_GROUP):
+        if ep.name != name:
+            continue
         distribution = ep.dist.metadata["Name"] if ep.dist is not None else ep.value
         try:
             sub = ep.load()
         except Exception as exc:  # a broken plugin must not break `acklane run`
             log.debug("acklane %s (%s) is unavailable", ep.name, ep.value, exc_info=True)
-            _add_unavailable(ep.name, distribution, f"{type(exc).__name__}: {exc}")
-            added.add(ep.name)
-            continue
+            _add_unavailable(holder, name, distribution, f"{type(exc).__name__}: {exc}")
+            return holder
         if isinstance(sub, typer.Typer):
-            app.add_typer(sub, name=ep.name)
-            added.add(ep.name)
-        else:
-            log.warning("entry point %s of %s is not a typer.Typer", ep.name, COMMANDS_GROUP)
+            holder.add_typer(sub, name=name)
+            return holder
+        log.warning("entry point %s of %s is not a typer.Typer", ep.name, COMMANDS_GROUP)
     # acklane's own distributions' commands, when that distribution is not installed
-    for name, distribution in SIBLING_COMMANDS.items():
-        if name not in added:
-            _add_unavailable(name, distribution)
+    from .extras import SIBLING_COMMANDS
+
+    _add_unavailable(holder, name, SIBLING_COMMANDS.get(name, "an acklane distribution"))
+    return holder
 
 
-def _add_unavailable(name: str, distribution: str, problem: str | None = None) -> None:
+def _add_unavailable(
+    holder: typer.Typer, name: str, distribution: str, problem: str | None = None
+) -> None:
     """``acklane NAME ...`` that says what to install (or what broke), not "No such command"."""
     from .extras import missing_command
 
@@ -590,14 +745,11 @@ def _add_unavailable(name: str, distribution: str, problem: str | None = None) -
         raise typer.Exit(2)
 
     unavailable.__doc__ = f"(not available) {missing_command(name, distribution, problem)}"
-    app.command(
+    holder.command(
         name,
         add_help_option=False,  # --help too says what to install
         context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
     )(unavailable)
-
-
-_add_subcommands()
 
 
 def main() -> None:

@@ -37,8 +37,6 @@ from contextlib import contextmanager
 from typing import Any, Final, TextIO
 from urllib.parse import unquote
 
-from pydantic import SecretBytes, SecretStr
-
 __all__ = [
     "MASK",
     "MIN_LENGTH",
@@ -215,7 +213,7 @@ def secrets_in(value: Any, *, name: str = "", secret: bool = False) -> Iterator[
     """The secrets held in a configuration value: SecretStr values, values under
     secret-like keys (``name``) and the passwords of URLs; recurses into models,
     mappings and sequences."""
-    from pydantic import BaseModel
+    from pydantic import BaseModel, SecretBytes, SecretStr  # a value to look into has them
 
     secret = secret or (bool(name) and is_secret_name(name))
     if isinstance(value, SecretStr):
@@ -247,7 +245,7 @@ def redact_structure(value: Any, *, name: str = "") -> Any:
     values under secret-like keys become ``***``, URLs lose their password, and the
     registered secrets are masked in every other string.
     """
-    from pydantic import BaseModel
+    from pydantic import BaseModel, SecretBytes, SecretStr
 
     if isinstance(value, SecretStr | SecretBytes):
         return MASK

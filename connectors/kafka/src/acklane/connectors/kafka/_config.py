@@ -165,8 +165,8 @@ class KafkaConfig(StreamSettings):
         default=0.1,
         gt=0,
         le=10,
-        description="seconds one consume call waits for messages; an advance waits at most "
-        "this long for the consumer thread",
+        description="seconds one consume call waits for messages when none are buffered (in "
+        "slices: an advance queued behind it waits one slice, not this long)",
     )
     batch_size: int = Field(default=500, ge=1, le=100_000, description="messages per consume")
     max_outstanding: int = Field(

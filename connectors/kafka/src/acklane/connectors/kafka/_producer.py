@@ -1,9 +1,13 @@
 """The shared stream producer of one Kafka consumer group.
 
-confluent-kafka's consumer is not thread-safe, so one dedicated thread owns it:
-every consumer call (consume, commit, seek, pause, close) and every rebalance
-callback runs there, one at a time. The producer's books (owned partitions, held
-floors, last commits) are touched only on that thread, so they need no lock.
+confluent-kafka's consumer is not thread-safe, so its calls (consume, commit, seek,
+pause, close) and the rebalance callbacks run one at a time, and so do the
+producer's books (owned partitions, held floors, last commits): on a dedicated
+thread for every call that may wait (a commit, a seek, a consume that waits for
+records, the connect and close), or on the event loop's thread, while that thread
+runs nothing, for a consume of what librdkafka has already fetched (``timeout=0``:
+it does not wait). Handing records from one thread to the other cost more wall time
+than building them, and the two threads fought for the GIL (bench/README.md).
 """
 
 from __future__ import annotations
@@ -127,6 +131,9 @@ _TOO_LARGE = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TO
 # between polls): rebalance callbacks and max.poll.interval.ms stay served while the
 # watchers catch up, and a short stall does not throw away prefetched records.
 _FULL_WAIT = 0.5
+# Seconds of one consume that waits for records on the consumer thread: a call queued
+# behind it (an advance's commit) waits at most this long, not the whole poll_timeout.
+_WAIT_SLICE = 0.01
 
 
 class KafkaReceiveError(ReceiveError):
@@ -299,9 +306,25 @@ class KafkaStreamProducer(SharedStreamProducer[KafkaDelivery]):
         # partition -> (seek epoch, offset) of its latest seek back to a held record.
         self._seek_epoch = 0
         self._sought: dict[TP, tuple[int, int]] = {}
+        # Partitions assigned during a consume on the loop's thread, named once their
+        # topic ids come (the lookup is not waited for there): (partitions and the
+        # generation of their assignment, the lookup's futures by topic, or its error).
+        self._naming: list[tuple[list[tuple[TP, int]], Mapping[str, Any] | Exception]] = []
+        self._on_loop = False  # a consume runs on the loop's thread (callbacks must not wait)
+        # Calls handed to the consumer thread: counted by the loop as submitted, by the
+        # thread as started and finished. The loop consumes itself only when every
+        # call submitted has finished: the thread is idle, and stays so meanwhile.
+        self._submitted = 0
+        self._started = 0
+        self._finished = 0
+        self._last_call: asyncio.Future[Any] | None = None
         # Event-loop state.
         self._outstanding = 0
         self._room = asyncio.Event()
+        # Fetch when at least this many more may be outstanding (half a batch): a
+        # stream whose watchers lag takes batches, not the few records each advance
+        # frees (each batch costs the engine as much as dozens of records).
+        self._min_room = max(1, min(config.batch_size, config.max_outstanding) // 2)
 
     # -- the SharedStreamProducer interface
 
@@ -332,36 +355,50 @@ class KafkaStreamProducer(SharedStreamProducer[KafkaDelivery]):
         )
         await self._call(self._connect)
         cfg = self.config
-        # The next batch is fetched on the consumer thread while this one is handed
-        # out; at most one fetch is ahead, and only if there is room.
-        ahead: asyncio.Future[FetchedRuns] | None = None
+        while True:
+            room = cfg.max_outstanding - self._outstanding
+            if room >= self._min_room:
+                epoch, batch, starts = await self._fetch_batch(min(room, cfg.batch_size))
+            elif await self._wait_for_room():
+                continue
+            else:
+                # Still full: pause fetching, but keep polling so that rebalances and
+                # max.poll.interval.ms are served while the watchers catch up.
+                epoch, batch, starts = await self._call(self._fetch_runs, 1, True)
+            if not batch:
+                continue
+            ends = starts[1:]
+            ends.append(len(batch))
+            for start, end in zip(starts, ends, strict=True):
+                run = batch[start:end]
+                yield LaneBatch(run[0].lane, _Handout(self, run, epoch))
+
+    async def _fetch_batch(self, want: int) -> FetchedRuns:
+        """Up to ``want`` records: what librdkafka has fetched already, taken on this
+        thread while the consumer thread is idle, else waited for on that thread.
+
+        librdkafka fetches ahead of the consumer (its own threads fill its queue), so
+        the consumer thread is needed only when that queue is empty, or for what may
+        wait: naming partitions just assigned, committing the start of new ones.
+        """
+        if self._thread_busy():
+            await self._thread_done()  # an advance's commit, most often
+        if self._closed or self._paused or self._thread_busy():
+            return await self._call(self._fetch_runs, want, False)
+        epoch = self._seek_epoch
+        self._on_loop = True
         try:
-            while True:
-                if ahead is None:
-                    room = cfg.max_outstanding - self._outstanding
-                    if room > 0:
-                        ahead = self._submit(self._fetch_runs, min(room, cfg.batch_size), False)
-                    elif await self._wait_for_room():
-                        continue
-                    else:
-                        # Still full: pause fetching, but keep polling so that rebalances
-                        # and max.poll.interval.ms are served while the watchers catch up.
-                        ahead = self._submit(self._fetch_runs, 1, True)
-                epoch, batch, starts = await ahead
-                ahead = None
-                if not batch:
-                    continue
-                room = cfg.max_outstanding - self._outstanding - len(batch)
-                if room > 0:
-                    ahead = self._submit(self._fetch_runs, min(room, cfg.batch_size), False)
-                ends = starts[1:]
-                ends.append(len(batch))
-                for start, end in zip(starts, ends, strict=True):
-                    run = batch[start:end]
-                    yield LaneBatch(run[0].lane, _Handout(self, run, epoch))
+            messages = self._consumer.consume(num_messages=want, timeout=0)
         finally:
-            if ahead is not None:
-                ahead.cancel()  # its records were not handed out: they are redelivered
+            self._on_loop = False
+        if not messages:
+            return await self._call(self._fetch_runs, want, False)  # wait for some there
+        if self._naming and not self._name_assigned(wait=False):
+            return await self._call(self._runs, epoch, messages)
+        fetched = self._runs(epoch, messages, anchor=False)
+        if self._unanchored and fetched[1]:
+            await self._call(self._anchor, fetched[1])
+        return fetched
 
     def _hand_out(self, batch: list[KafkaMessage], epoch: int) -> Iterator[tuple[Any, Any]]:
         """The batch's records as the engine takes them, each checked at that moment.
@@ -385,7 +422,7 @@ class KafkaStreamProducer(SharedStreamProducer[KafkaDelivery]):
             await self._call(self._advance, batch)
         finally:
             self._outstanding -= len(batch)
-            if self._outstanding < self.config.max_outstanding:
+            if self.config.max_outstanding - self._outstanding >= self._min_room:
                 self._room.set()
 
     def counters(self) -> Mapping[str, float]:
@@ -412,7 +449,7 @@ class KafkaStreamProducer(SharedStreamProducer[KafkaDelivery]):
         if executor is None:
             return
         try:
-            await asyncio.get_running_loop().run_in_executor(executor, self._close_clients)
+            await self._hand_over(executor, self._close_clients, ())
         finally:
             executor.shutdown(wait=False)
 
@@ -427,7 +464,38 @@ class KafkaStreamProducer(SharedStreamProducer[KafkaDelivery]):
         executor = self._executor
         if executor is None or self._closed:
             raise RuntimeError(f"{self.config.describe()}: the producer is not open")
-        return asyncio.get_running_loop().run_in_executor(executor, fn, *args)
+        return self._hand_over(executor, fn, args)
+
+    def _hand_over(
+        self, executor: ThreadPoolExecutor, fn: Callable[..., T], args: tuple[Any, ...]
+    ) -> asyncio.Future[T]:
+        self._submitted += 1
+        future = asyncio.get_running_loop().run_in_executor(executor, self._run_call, fn, args)
+        self._last_call = future
+        return future
+
+    def _run_call(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+        """A call on the consumer thread, counted (see ``_thread_busy``)."""
+        self._started += 1
+        try:
+            return fn(*args)
+        finally:
+            self._finished += 1
+
+    def _thread_busy(self) -> bool:
+        """A call handed to the consumer thread has not finished (it may still run even
+        when the future that awaited it was cancelled)."""
+        return self._finished != self._submitted
+
+    def _call_waiting(self) -> bool:
+        """(Consumer thread) a call is queued behind the one running."""
+        return self._submitted - self._started > 0
+
+    async def _thread_done(self) -> None:
+        """Until the last call handed to the consumer thread is done (or cancelled)."""
+        last = self._last_call
+        if last is not None and not last.done():
+            await asyncio.wait((last,))
 
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
         return await self._submit(fn, *args)
@@ -435,7 +503,7 @@ class KafkaStreamProducer(SharedStreamProducer[KafkaDelivery]):
     async def _wait_for_room(self) -> bool:
         """Wait a little for advances to make room; True when there is room."""
         self._room.clear()
-        if self._outstanding < self.config.max_outstanding:
+        if self.config.max_outstanding - self._outstanding >= self._min_room:
             return True
         try:
             async with asyncio.timeout(_FULL_WAIT):
@@ -563,18 +631,30 @@ class KafkaStreamProducer(SharedStreamProducer[KafkaDelivery]):
 
     def _topic_ids(self, topics: set[str]) -> dict[str, str]:
         """The ids of ``topics`` that the broker gives (KIP-516, Kafka 2.8+), by name."""
+        return self._read_topic_ids(topics, self._ask_topic_ids(topics))
+
+    def _ask_topic_ids(self, topics: set[str]) -> Mapping[str, Any] | Exception:
+        """The lookup of ``topics``' ids, sent (not waited for): futures by topic."""
         admin = self._admin
         if admin is None or not topics:
             return {}
         try:
-            futures = admin.describe_topics(
+            futures: Mapping[str, Any] = admin.describe_topics(
                 TopicCollection(sorted(topics)), request_timeout=_METADATA_TIMEOUT
             )
         except KafkaException as exc:
-            self._no_topic_id(topics, exc)
+            return exc
+        return futures
+
+    def _read_topic_ids(
+        self, topics: set[str], lookup: Mapping[str, Any] | Exception
+    ) -> dict[str, str]:
+        """The ids a lookup of ``topics`` gave (it is waited for), by name."""
+        if isinstance(lookup, Exception):
+            self._no_topic_id(topics, lookup)
             return {}
         ids: dict[str, str] = {}
-        for topic, future in futures.items():
+        for topic, future in lookup.items():
             try:
                 topic_id = future.result(timeout=_METADATA_TIMEOUT + 5).topic_id
             except Exception as exc:
@@ -671,22 +751,48 @@ class KafkaStreamProducer(SharedStreamProducer[KafkaDelivery]):
         # Once per assignment, not per record: a topic deleted and recreated under the
         # same name comes back with a new id (and a rebalance).
         self._health.alive()
-        topic_ids = self._topic_ids({p.topic for p in partitions})
-        cluster = self._cluster_id
+        topics = {p.topic for p in partitions}
+        assigned: list[tuple[TP, int]] = []
         for p in partitions:
             self._generation += 1
             tp = _tp(p)
             self._ledger.assign(tp, self._generation)
-            prefix = id_prefix(cluster, tp[0], topic_ids.get(tp[0]), tp[1])
-            self._fetching[tp] = (self._generation, prefix)
+            assigned.append((tp, self._generation))
             if self._starts_at_end:
                 self._unanchored.add(tp)
         self._assignment = frozenset(self._owned)
+        if self._on_loop:
+            # on the loop's thread, which must not wait: named (their records held back)
+            # once the topic ids come, waited for on the consumer thread if need be
+            self._naming.append((assigned, self._ask_topic_ids(topics)))
+        else:
+            self._name(assigned, self._read_topic_ids(topics, self._ask_topic_ids(topics)))
         log.info(
             "Kafka partitions assigned group=%s partitions=%s",
             self.config.group_id,
             _names(_tp(p) for p in partitions),
         )
+
+    def _name(self, assigned: list[tuple[TP, int]], topic_ids: Mapping[str, str]) -> None:
+        """Fetch the records of partitions still owned since this assignment, named
+        by the cluster and their topic's id."""
+        cluster = self._cluster_id
+        for tp, generation in assigned:
+            if self._owned.get(tp) == generation:
+                prefix = id_prefix(cluster, tp[0], topic_ids.get(tp[0]), tp[1])
+                self._fetching[tp] = (generation, prefix)
+
+    def _name_assigned(self, *, wait: bool) -> bool:
+        """Name the partitions assigned on the loop's thread; False (nothing named) when
+        a topic id lookup is not done and ``wait`` is false (the loop's thread)."""
+        if not wait:
+            for _, lookup in self._naming:
+                if not isinstance(lookup, Exception) and not all(f.done() for f in lookup.values()):
+                    return False
+        naming, self._naming = self._naming, []
+        for assigned, lookup in naming:
+            self._name(assigned, self._read_topic_ids({tp[0] for tp, _ in assigned}, lookup))
+        return True
 
     def _forget(self, partitions: list[Any]) -> list[TP]:
         gone = [_tp(p) for p in partitions]
@@ -756,9 +862,32 @@ class KafkaStreamProducer(SharedStreamProducer[KafkaDelivery]):
         # came with it. consume(want, timeout) alone would wait for a full batch.
         messages = consumer.consume(num_messages=want, timeout=0)
         if not messages and not pause:
-            messages = consumer.consume(num_messages=1, timeout=self.config.poll_timeout)
+            messages = self._wait_for_records()
             if messages and want > 1:
                 messages += consumer.consume(num_messages=want - 1, timeout=0)
+        return self._runs(epoch, messages)
+
+    def _wait_for_records(self) -> list[Any]:
+        """Wait up to ``poll_timeout`` for a record, in slices: a call queued behind
+        (an advance) ends the wait early (nothing came: the loop asks again after)."""
+        consumer = self._consumer
+        deadline = time.monotonic() + self.config.poll_timeout
+        while True:
+            left = deadline - time.monotonic()
+            messages: list[Any] = consumer.consume(
+                num_messages=1, timeout=max(0.0, min(left, _WAIT_SLICE))
+            )
+            if messages or left <= _WAIT_SLICE or self._call_waiting():
+                return messages
+
+    def _runs(self, epoch: int, messages: list[Any], anchor: bool = True) -> FetchedRuns:
+        """The records of what a consume returned, in runs of one partition each.
+
+        On the consumer thread, or on the loop's thread with ``anchor`` false and every
+        assigned partition named (nothing here waits then).
+        """
+        if self._naming:
+            self._name_assigned(wait=True)
         if self._failure is not None or self._health.refused is not None:
             self._raise_if_refused("consuming")
             assert self._failure is not None
@@ -800,7 +929,7 @@ class KafkaStreamProducer(SharedStreamProducer[KafkaDelivery]):
                 starts.append(len(out))
                 books = lane
             out.append(record(m, lane[0], tp, offset, lane[1]))
-        if self._unanchored and out:
+        if anchor and self._unanchored and out:
             self._anchor(out)
         if self._prefetch is not None and out:
             self._prefetch(out)
