@@ -543,6 +543,7 @@ def demo(
 
 
 def _add_subcommands() -> None:
+    from .dlq import app as dlq_app
     from .events import app as events_app
     from .extras import SIBLING_COMMANDS
     from .publish import publish as publish_command
@@ -555,6 +556,7 @@ def _add_subcommands() -> None:
     app.add_typer(sinks_app, name="sinks", help="See and steer the delivery to sinks.")
     app.add_typer(store_app, name="store", help="Read and write the task and asset stores.")
     app.command("publish")(publish_command)
+    app.add_typer(dlq_app, name="dlq")
     # Other distributions add theirs (acklane-integration: `acklane emulator`).
     added: set[str] = set()
     for ep in entry_points(group=COMMANDS_GROUP):
