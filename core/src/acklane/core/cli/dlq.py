@@ -93,6 +93,20 @@ SubscriptionOption = Annotated[
         show_default=False,
     ),
 ]
+HoldOption = Annotated[
+    int | None,
+    typer.Option(
+        "--hold",
+        min=1,
+        max=43200,
+        help="SQS and Pub/Sub: seconds a letter read stays held (visibility timeout, ack "
+        "deadline); a killed command's letters come back after it. Default 300.",
+        show_default=False,
+    ),
+]
+
+#: The connectors whose readers take ``hold``.
+_HOLDING = ("sqs", "pubsub")
 
 
 def _fail(message: str, code: int) -> NoReturn:
@@ -106,7 +120,9 @@ def _selection(reason: str | None, watcher: str | None, ids: list[str] | None) -
     return Selection(reason=reason, watcher=watcher, ids=frozenset(ids or ()))
 
 
-def _reader(config: Path, stream: str, subscription: str | None) -> DeadLetterReader:
+def _reader(
+    config: Path, stream: str, subscription: str | None, hold: int | None = None
+) -> DeadLetterReader:
     """The stream's reader, or exit 2 saying why there is none."""
     from ..config import ConfigError, load_config
     from ..connectors.dlq import DeadLettersNotSupported
@@ -125,6 +141,8 @@ def _reader(config: Path, stream: str, subscription: str | None) -> DeadLetterRe
         if chosen.connector.name != "pubsub":
             _fail("--subscription is for a Pub/Sub stream only", 2)
         options["subscription"] = subscription
+    if hold is not None and chosen.connector.name in _HOLDING:
+        options["hold"] = hold
     try:
         return chosen.connector.create_dead_letter_reader(chosen.config, options=options)
     except DeadLettersNotSupported as exc:
@@ -230,12 +248,13 @@ def list_command(
     ] = None,
     output: FormatOption = Format.TEXT,
     subscription: SubscriptionOption = None,
+    hold: HoldOption = None,
 ) -> None:
     """Show what STREAM's dead-letter destination holds: time, origin message id, watcher
     and reason of each letter. Nothing is removed (what reading costs: docs/dead-letters.md)."""
     from ..connectors.dlq import list_letters
 
-    reader = _reader(config, stream, subscription)
+    reader = _reader(config, stream, subscription, hold)
     selection = _selection(reason, watcher, ids)
     letters = _run(reader, stream, lambda: list_letters(reader, selection, limit=limit))
     if output is Format.JSON:
@@ -278,13 +297,14 @@ def redrive_command(
     ] = MAX_REDRIVES,
     output: FormatOption = Format.TEXT,
     subscription: SubscriptionOption = None,
+    hold: HoldOption = None,
 ) -> None:
     """Send STREAM's chosen dead letters back to its source: each is copied (body, key,
     attributes, one more redrive count), confirmed by the broker, then removed from the
     dead-letter destination. At least once: a crash between repeats a copy, loses none."""
     from ..connectors.dlq import redrive
 
-    reader = _reader(config, stream, subscription)
+    reader = _reader(config, stream, subscription, hold)
     selection = _selection(reason, watcher, ids)
     with _Progress("checked" if dry_run else "redriven") as progress:
         report = _run(
@@ -335,11 +355,12 @@ def purge_command(
     ] = False,
     output: FormatOption = Format.TEXT,
     subscription: SubscriptionOption = None,
+    hold: HoldOption = None,
 ) -> None:
     """Remove STREAM's chosen dead letters for good (asks first, unless --yes)."""
     from ..connectors.dlq import purge
 
-    reader = _reader(config, stream, subscription)
+    reader = _reader(config, stream, subscription, hold)
     selection = _selection(reason, watcher, ids)
     chosen = (
         "every dead letter"

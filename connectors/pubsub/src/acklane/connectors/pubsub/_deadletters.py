@@ -39,8 +39,8 @@ from ._publish import PubSubPublisher
 
 __all__ = ["PubSubDeadLetterReader"]
 
-#: Seconds a pulled letter stays leased (extended at each pull; nacked at the end).
-HOLD = 600
+#: Seconds a pulled letter stays leased (nacked at the end; at most 600).
+HOLD = 300
 #: Seconds a pull that finds nothing waits, at most.
 PULL_TIMEOUT = 5.0
 
@@ -57,8 +57,11 @@ class PubSubDeadLetterReader(DeadLetterReader):
         "delivery, counted by a dead-letter policy of that subscription) and nacked after."
     )
 
-    def __init__(self, config: PubSubConfig, *, subscription: str | None = None) -> None:
+    def __init__(
+        self, config: PubSubConfig, *, subscription: str | None = None, hold: int = HOLD
+    ) -> None:
         self.config = config
+        self.hold = min(hold, 600)  # Pub/Sub's longest ack deadline
         self.subscription: str | None = None
         if subscription is not None:
             self.subscription = (
@@ -169,7 +172,7 @@ class PubSubDeadLetterReader(DeadLetterReader):
             await subscriber.modify_ack_deadline(
                 subscription=self.subscription,
                 ack_ids=[r.ack_id for r in received],
-                ack_deadline_seconds=HOLD,
+                ack_deadline_seconds=self.hold,
             )
             fresh = 0
             for item in received:
