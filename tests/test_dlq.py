@@ -87,10 +87,16 @@ def pipeline(directory: Path, kit: BrokerKit, source: Source, name: str, big: An
 
 async def dlq(*args: str, input: str | None = None) -> Any:
     """``acklane dlq ARGS`` in this process (on a thread: it runs its own event loop)."""
+
     def invoke() -> Any:
         return CliRunner().invoke(cli.app, ["dlq", *args], input=input, env={"COLUMNS": "200"})
 
-    return await asyncio.to_thread(invoke)
+    import time
+
+    t = time.monotonic()
+    r = await asyncio.to_thread(invoke)
+    print("DLQ", args[:1], args[3:], round(time.monotonic() - t, 2))
+    return r
 
 
 async def letters(config: Path, *options: str) -> list[dict[str, Any]]:
@@ -122,7 +128,11 @@ async def test_list_redrive_fix_and_purge(kit: BrokerKit, tmp_path: Path) -> Non
     async def advanced() -> bool:
         return await kit.remaining(source) == 0
 
+    import time
+
+    t = time.monotonic()
     await run_until(Runner(load_config(buggy)), advanced, limit=60)
+    print("RUNNER", round(time.monotonic() - t, 2))
 
     # the morning: what is there, with watcher and reason; reading consumes nothing
     found = await letters(buggy)
@@ -150,11 +160,13 @@ async def test_list_redrive_fix_and_purge(kit: BrokerKit, tmp_path: Path) -> Non
 
     # the fix: the redriven orders become trigger events through `acklane run`
     fixed = pipeline(tmp_path, kit, source, "fixed", FIXED)
+    t = time.monotonic()
     with AcklaneRun(fixed) as run:
         await eventually(
             lambda: _fired(tmp_path / "fixed.db", 2), "the redriven orders fired", within=60
         )
         assert run.stop() == 0, run.output
+    print("ACKLANE RUN", round(time.monotonic() - t, 2))
     assert await fired_ids(tmp_path / "fixed.db") == [1, 2]
     assert {str(r) for r in _payloads(tmp_path / "fixed.db", "redrives")} == {"1"}
 

@@ -10,14 +10,16 @@ as it was (same key, value and headers), so that the commit loses nothing. A cra
 between that append and the commit shows the record twice, never zero times.
 
 The emulator's high-water marks cannot be trusted (nor librdkafka's partition EOF,
-which relies on them): the end of a partition is where a read waits ``idle``
-seconds for nothing.
+which relies on them): the end of the topic is where a read waits for nothing
+``idle`` seconds before the first record, :data:`IDLE_AFTER` after one (the records
+of a topic at rest come in quick succession once the first fetch answered).
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, ClassVar
@@ -42,8 +44,12 @@ from ._config import KafkaConfig
 
 __all__ = ["KafkaDeadLetterReader", "reader_group"]
 
-#: Seconds a partition gives nothing before the reader calls it read to its end.
-IDLE = 1.0
+#: Seconds with no record before the first one that call the topic read to its end.
+IDLE = 1.5
+#: The same, once records came.
+IDLE_AFTER = 0.3
+#: Seconds of one wait of the consumer.
+_STEP = 0.05
 
 
 def reader_group(dead_letter: str) -> str:
@@ -74,6 +80,7 @@ class KafkaDeadLetterReader(DeadLetterReader):
         self.idle = idle
         self._consumer: Any = None
         self._producer: Any = None
+        self._drained = False
         #: Per partition, the records handed out and not removed nor appended again, in order.
         self._held: dict[int, list[DeadLetter]] = {}
         #: Per partition, where this reader's own appends start (not handed out again).
@@ -102,6 +109,7 @@ class KafkaDeadLetterReader(DeadLetterReader):
                 "auto.offset.reset": "earliest",
                 "enable.auto.commit": False,
                 "enable.auto.offset.store": False,
+                "fetch.wait.max.ms": 50,
             }
         )
         consumer = Consumer(settings)
@@ -159,12 +167,20 @@ class KafkaDeadLetterReader(DeadLetterReader):
         )
 
     def _fetch(self, limit: int) -> list[DeadLetter]:
+        if self._drained:
+            return []
         consumer = self._open()
         out: list[DeadLetter] = []
+        quiet_since = time.monotonic()
         while len(out) < limit:
-            records = consumer.consume(num_messages=limit - len(out), timeout=self.idle)
+            records = consumer.consume(num_messages=limit - len(out), timeout=_STEP)
             if not records:
-                break
+                idle = IDLE_AFTER if self._held or out else self.idle
+                if time.monotonic() - quiet_since >= idle:
+                    self._drained = True
+                    break
+                continue
+            quiet_since = time.monotonic()
             for record in records:
                 if record.error() is not None:
                     continue

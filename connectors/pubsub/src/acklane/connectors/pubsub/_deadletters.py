@@ -74,6 +74,7 @@ class PubSubDeadLetterReader(DeadLetterReader):
         self._publisher: PubSubPublisher | None = None
         self._held: dict[str, str] = {}  # ack id by the letter's id
         self._seen: set[str] = set()
+        self._drained = False
 
     @property
     def destination(self) -> str:
@@ -155,7 +156,7 @@ class PubSubDeadLetterReader(DeadLetterReader):
     async def fetch(self, limit: int) -> list[DeadLetter]:
         subscriber = await self._connect()
         out: list[DeadLetter] = []
-        while len(out) < limit:
+        while len(out) < limit and not self._drained:
             try:
                 response = await subscriber.pull(
                     subscription=self.subscription,
@@ -164,10 +165,12 @@ class PubSubDeadLetterReader(DeadLetterReader):
                 )
             except Exception as exc:
                 if type(exc).__name__ in ("DeadlineExceeded", "RetryError"):
-                    break  # nothing came within the pull's time
+                    self._drained = True  # nothing came within the pull's time
+                    break
                 raise
             received = list(response.received_messages)
             if not received:
+                self._drained = True
                 break
             await subscriber.modify_ack_deadline(
                 subscription=self.subscription,
@@ -184,6 +187,7 @@ class PubSubDeadLetterReader(DeadLetterReader):
                 out.append(letter)
                 fresh += 1
             if not fresh:
+                self._drained = True
                 break
         return out
 

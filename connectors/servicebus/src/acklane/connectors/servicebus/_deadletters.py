@@ -53,6 +53,7 @@ class ServiceBusDeadLetterReader(DeadLetterReader):
         self._held: dict[str, Any] = {}  # locked messages by letter id
         self._seen: set[str] = set()
         self._next_peek: int | None = None
+        self._drained = False
 
     @property
     def destination(self) -> str:
@@ -117,9 +118,13 @@ class ServiceBusDeadLetterReader(DeadLetterReader):
         return out
 
     async def fetch(self, limit: int) -> list[DeadLetter]:
+        if self._drained:
+            return []
         receiver = self._open()
         messages = await receiver.receive_messages(max_message_count=limit, max_wait_time=WAIT)
-        out = []
+        if not messages:
+            self._drained = True
+        out: list[DeadLetter] = []
         for message in messages:
             letter = self._letter(message)
             if letter.id in self._seen:

@@ -109,6 +109,7 @@ class SqsDeadLetterReader(DeadLetterReader):
         #: Receipt handles of the messages read and not removed, by message id.
         self._held: dict[str, str] = {}
         self._seen: set[str] = set()
+        self._drained = False
 
     @property
     def destination(self) -> str:
@@ -166,6 +167,8 @@ class SqsDeadLetterReader(DeadLetterReader):
     async def fetch(self, limit: int) -> list[DeadLetter]:
         client = await self._connect()
         out: list[DeadLetter] = []
+        if self._drained:
+            return out
         waited = False
         while len(out) < limit:
             response = await client.receive_message(
@@ -181,6 +184,7 @@ class SqsDeadLetterReader(DeadLetterReader):
             messages = response.get("Messages") or []
             if not messages:
                 if waited:
+                    self._drained = True
                     break
                 waited = True
                 continue
