@@ -161,6 +161,10 @@ class PubSubDeadLetterReader(DeadLetterReader):
                 response = await subscriber.pull(
                     subscription=self.subscription,
                     max_messages=min(1000, limit - len(out)),
+                    # the first pull waits for letters; once some came, the rest answer at
+                    # once (an empty answer ends the read; Pub/Sub may give fewer than it
+                    # holds: a command run again finds the rest)
+                    return_immediately=bool(self._seen),
                     timeout=PULL_TIMEOUT,
                 )
             except Exception as exc:
