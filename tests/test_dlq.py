@@ -243,8 +243,17 @@ async def test_a_redrive_killed_by_sigkill_loses_nothing(kit: BrokerKit, tmp_pat
         env=dict(os.environ),
     )
     try:
-        # killed at a random moment of its work (start-up takes about 2 s)
-        await asyncio.sleep(random.uniform(2.5, 4.5))
+        if kit.connector == "kafka":
+            # the kit cannot count a topic's records (the emulator's high-water marks are
+            # wrong): killed at a random moment of its work (start-up takes about 2 s)
+            await asyncio.sleep(random.uniform(2.0, 3.5))
+        else:
+            # killed as soon as the first copies are in the source, before all are
+
+            async def copies_came() -> bool:
+                return await kit.remaining(source) > 0
+
+            await eventually(copies_came, "the first copies in the source", within=60)
         process.send_signal(signal.SIGKILL)
         process.wait(timeout=10)
     finally:
@@ -260,10 +269,13 @@ async def test_a_redrive_killed_by_sigkill_loses_nothing(kit: BrokerKit, tmp_pat
     seen: set[int] = set()
     connector = load_connector(kit.connector)
     async with StreamDriver(connector.create_producer(kit.fields(source))) as stream:
+        taken: list[Any] = []
         while len(seen) < count:
-            pairs = await stream.take(1, within=30)
-            seen.update(json.loads(raw.body)["id"] for raw, _ in pairs)
-            await stream.advance(*((pair, CLEAN) for pair in pairs))
+            taken += await stream.take(1, within=30)
+            seen.update(json.loads(raw.body)["id"] for raw, _ in taken[-1:])
+            if len(taken) >= 50 or len(seen) == count:
+                await stream.advance(*((pair, CLEAN) for pair in taken))
+                taken = []
     assert seen == set(range(count))  # none lost (some may have come twice)
 
 
