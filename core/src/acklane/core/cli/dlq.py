@@ -250,8 +250,11 @@ def list_command(
     subscription: SubscriptionOption = None,
     hold: HoldOption = None,
 ) -> None:
-    """Show what STREAM's dead-letter destination holds: time, origin message id, watcher
-    and reason of each letter. Nothing is removed (what reading costs: docs/dead-letters.md)."""
+    """Show what STREAM's dead-letter destination holds, with watcher and reason.
+
+    Each letter's id, time, origin message id, watchers, reason, redrive count and
+    body. Nothing is removed (what reading costs per broker: docs/dead-letters.md).
+    """
     from ..connectors.dlq import list_letters
 
     reader = _reader(config, stream, subscription, hold)
@@ -299,9 +302,12 @@ def redrive_command(
     subscription: SubscriptionOption = None,
     hold: HoldOption = None,
 ) -> None:
-    """Send STREAM's chosen dead letters back to its source: each is copied (body, key,
-    attributes, one more redrive count), confirmed by the broker, then removed from the
-    dead-letter destination. At least once: a crash between repeats a copy, loses none."""
+    """Send STREAM's chosen dead letters back to its source, at least once.
+
+    Each is copied (body, key, attributes, one more redrive count), confirmed by the
+    broker, then removed from the dead-letter destination: a crash in between repeats
+    a copy, loses none. A letter redriven --max-redrives times already stays.
+    """
     from ..connectors.dlq import redrive
 
     reader = _reader(config, stream, subscription, hold)
