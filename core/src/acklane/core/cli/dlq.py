@@ -158,10 +158,14 @@ def _run(reader: DeadLetterReader, stream: str, work: Callable[[], Coroutine[Any
         async with reader:
             return await work()
 
+    from ..connectors.dlq import DeadLettersNotSupported
+
     try:
         return asyncio.run(main())
     except typer.Exit:
         raise
+    except DeadLettersNotSupported as exc:  # found once connected (a policy, a redrive target)
+        _fail(f"stream {stream!r}: {exc}", 2)
     except Exception as exc:
         _fail(
             f"stream {stream!r}, {reader.destination}: {type(exc).__name__}: {exc}",

@@ -39,6 +39,7 @@ from acklane.core.connectors.deadletter import (
 from acklane.core.connectors.dlq import (
     DeadLetter,
     DeadLetterReader,
+    DeadLettersNotSupported,
     original_attributes,
     redrive_count,
 )
@@ -132,7 +133,7 @@ class SqsDeadLetterReader(DeadLetterReader):
         if self.dead_letter_url is None:
             self.dead_letter_url = await reader.redrive_target(attributes.get("RedrivePolicy"))
         if self.dead_letter_url is None:
-            raise ConnectorError(
+            raise DeadLettersNotSupported(
                 f"{self.config.describe()}: the stream has no dead-letter queue (no "
                 "dead_letter, no RedrivePolicy); its rejects are dropped"
             )
