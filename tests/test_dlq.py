@@ -221,6 +221,24 @@ async def test_a_connector_without_a_reader_and_a_bad_stream_are_refused(tmp_pat
     assert missing.exit_code == 2 and "no stream named 'nope'" in missing.output
 
 
+async def test_an_sqs_stream_without_a_dead_letter_queue_is_refused(
+    sqs_emulator: Emulator, tmp_path: Path
+) -> None:
+    from acklane.integration.sqs import SqsQueues
+
+    settings = sqs_emulator.client_settings()
+    async with SqsQueues(settings) as queues:
+        url = await queues.create("no-dlq")
+        config = tmp_path / "sqs.yaml"
+        block = json.dumps({"connector": "sqs", **settings, "queue_url": url})
+        config.write_text(
+            f"store: {{url: 'sqlite:///{tmp_path / 'e.db'}'}}\n"
+            f"streams:\n  orders: {block}\nwatchers: [{{name: w, stream: orders}}]\n"
+        )
+        result = await dlq("redrive", str(config), "orders")
+    assert result.exit_code == 2 and "no dead-letter queue" in result.output, result.output
+
+
 @pytest.mark.chaos
 @pytest.mark.timeout(420)
 async def test_a_redrive_killed_by_sigkill_loses_nothing(kit: BrokerKit, tmp_path: Path) -> None:
