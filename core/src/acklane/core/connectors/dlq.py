@@ -162,6 +162,8 @@ class DeadLetterReader(ABC):
 
     #: What reading costs on this broker, in a sentence (``acklane dlq list`` says it).
     reading_cost: ClassVar[str] = ""
+    #: Letters asked for at a time: one copy, one confirmation, one removal per batch.
+    batch_size: ClassVar[int] = 100
 
     @property
     @abstractmethod
@@ -224,17 +226,13 @@ class RedriveReport:
         }
 
 
-#: Letters a reader is asked for at a time.
-BATCH = 100
-
-
 async def list_letters(
     reader: DeadLetterReader, selection: Selection, *, limit: int | None = None
 ) -> list[DeadLetter]:
     """The letters the selection takes, at most ``limit``; nothing is removed."""
     out: list[DeadLetter] = []
     while limit is None or len(out) < limit:
-        batch = await reader.browse(BATCH)
+        batch = await reader.browse(reader.batch_size)
         if not batch:
             break
         out.extend(letter for letter in batch if selection(letter))
@@ -257,7 +255,7 @@ async def redrive(
     """
     report = RedriveReport()
     while max_messages is None or len(report.redriven) < max_messages:
-        batch = await reader.fetch(BATCH)
+        batch = await reader.fetch(reader.batch_size)
         if not batch:
             break
         chosen: list[DeadLetter] = []
@@ -288,7 +286,7 @@ async def purge(
     """Remove the chosen letters for good (``redriven`` lists them; nothing is sent)."""
     report = RedriveReport()
     while True:
-        batch = await reader.fetch(BATCH)
+        batch = await reader.fetch(reader.batch_size)
         if not batch:
             break
         chosen = [letter for letter in batch if selection(letter)]

@@ -22,6 +22,7 @@ rejected again would go round forever.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import json
@@ -220,17 +221,24 @@ class SqsDeadLetterReader(DeadLetterReader):
                 ) or "acklane-redrive"
                 entry["MessageDeduplicationId"] = letter.id
             entries.append(entry)
-        for chunk in chunks(entries):
-            failed = await run_batch(
+
+        async def send(chunk: Sequence[dict[str, Any]]) -> dict[str, Any]:
+            return await run_batch(
                 client, "send_message_batch", self.queue_url, list(chunk), self.config.entry_retries
             )
-            if failed:
-                first = next(iter(failed.values()))
-                raise ConnectorError(
-                    f"{self.source}: {len(failed)} copy(ies) refused, the first: "
-                    f"{first.get('Code')}: {first.get('Message')}; nothing of the batch was "
-                    "deleted from the dead-letter queue"
-                )
+
+        if self._fifo:  # in order: a FIFO group keeps the order of its sends
+            results = [await send(chunk) for chunk in chunks(entries)]
+        else:
+            results = await asyncio.gather(*(send(chunk) for chunk in chunks(entries)))
+        failed = {k: v for result in results for k, v in result.items()}
+        if failed:
+            first = next(iter(failed.values()))
+            raise ConnectorError(
+                f"{self.source}: {len(failed)} copy(ies) refused, the first: "
+                f"{first.get('Code')}: {first.get('Message')}; nothing of the batch was "
+                "deleted from the dead-letter queue"
+            )
 
     async def remove(self, letters: Sequence[DeadLetter]) -> None:
         client = await self._connect()
@@ -238,14 +246,17 @@ class SqsDeadLetterReader(DeadLetterReader):
             {"Id": str(i), "ReceiptHandle": self._held.get(letter.id, letter.handle[0])}
             for i, letter in enumerate(letters)
         ]
-        for chunk in chunks(entries):
-            failed = await run_batch(
+
+        async def delete(chunk: Sequence[dict[str, Any]]) -> dict[str, Any]:
+            return await run_batch(
                 client,
                 "delete_message_batch",
                 self.dead_letter_url,
                 list(chunk),
                 self.config.entry_retries,
             )
+
+        for failed in await asyncio.gather(*(delete(chunk) for chunk in chunks(entries))):
             if failed:
                 first = next(iter(failed.values()))
                 raise ConnectorError(
