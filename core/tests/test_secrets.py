@@ -6,8 +6,9 @@ URL's password, every SecretStr field of the connectors, Kafka ``client:`` and
 the password of its URL, a value from a variable with a secret-like name), and
 the stdout and stderr of every command are scanned for them: ``validate`` (text and
 JSON), ``config show`` (YAML and JSON), ``events list``/``tail``, ``store
-list``/``get``, and ``run`` (a real process with the memory, Kafka and SQS
-connectors), in every log format and at every level, on their error paths too.
+list``/``get``, ``dlq list``/``redrive``/``purge``, and ``run`` (a real process with
+the memory, Kafka and SQS connectors), in every log format and at every level, on
+their error paths too.
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ PLANTED_FIELDS = {
 
 STREAMS = """\
 streams:
-  m: {connector: memory, broker: "${BROKER_SECRET}", topics: [t]}
+  m: {connector: memory, broker: "${BROKER_SECRET}", topics: [t], dead_letter: d}
   typed:
     connector: kafka
     bootstrap_servers: 127.0.0.1:1
@@ -481,6 +482,32 @@ def test_acklane_test_prints_no_secret(tmp_path: Path, output: str) -> None:
     assert result.exit_code == 1, text  # the case failed, and its diff was printed
     assert "password" in text and "***" in text, text
     assert not _leaks(text), (_leaks(text), text)
+
+
+#: ``acklane dlq`` on the error paths of the planted file: a connector without a reader,
+#: an SQS endpoint that refuses connections (botocore tries five times: one command), a
+#: Kafka stream without a dead-letter topic.
+DLQ_COMMANDS = [
+    ["dlq", "list", "{cfg}", "m"],
+    ["dlq", "redrive", "{cfg}", "q", "--dry-run", "--format", "json"],
+    ["dlq", "purge", "{cfg}", "free", "--yes"],
+]
+
+
+def test_the_dlq_commands_print_no_secret(tmp_path: Path) -> None:
+    configs = _configs(tmp_path)
+    said: list[str] = []
+    for cfg in configs.values():
+        for command in DLQ_COMMANDS:
+            args = [a.replace("{cfg}", str(cfg)) for a in command]
+            result = CliRunner().invoke(app, ["--log-level", "DEBUG", *args])
+            output = result.stdout + result.stderr
+            assert result.exit_code in (1, 2), (args, output)
+            assert not _leaks(output), (args, _leaks(output), output)
+            said.append(output)
+    # they did report the failures, not nothing
+    assert any("Could not connect to the endpoint" in text for text in said)
+    assert any("invalid configuration" in text for text in said)
 
 
 SINKS_CONFIG = """\

@@ -657,6 +657,14 @@ def _publish_app() -> typer.Typer:
     return holder
 
 
+def _dlq_app() -> typer.Typer:
+    from .dlq import app as dlq_app
+
+    holder = typer.Typer()
+    holder.add_typer(dlq_app, name="dlq")  # its help is the dlq app's own
+    return holder
+
+
 def _top_app() -> typer.Typer:
     from .top import top as top_command
 
@@ -684,6 +692,7 @@ _LAZY: dict[str, tuple[bool, Callable[[], typer.Typer]]] = {
     "events": (True, _events_app),
     "sinks": (True, _sinks_app),
     "store": (True, _store_app),
+    "dlq": (True, _dlq_app),
 }
 
 

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from ..observe.lag import BacklogProbe
 from ._publish import Publisher, PublishNotSupported
 from ._stream_settings import deprecated_names
+from .dlq import DeadLetterReader, DeadLettersNotSupported
 
 __all__ = ["ConfigT", "Connector"]
 
@@ -83,6 +84,21 @@ class Connector(ABC, Generic[ConfigT]):
         return None
 
     @classmethod
+    def dead_letter_reader(
+        cls, config: ConfigT, *, options: Mapping[str, Any] | None = None
+    ) -> DeadLetterReader:
+        """A :class:`~acklane.core.connectors.dlq.DeadLetterReader` of the stream's
+        dead-letter destination (``acklane dlq``); it must connect lazily.
+
+        Optional: the default raises :class:`DeadLettersNotSupported`. ``options``
+        are the command line's broker-specific choices (``subscription``: the
+        Pub/Sub subscription that reads the dead-letter topic).
+        """
+        raise DeadLettersNotSupported(
+            f"the {cls.name} connector cannot read its dead letters (it has no reader)"
+        )
+
+    @classmethod
     def offline_problems(cls, config: ConfigT) -> Sequence[tuple[str, str]]:
         """What ``acklane validate`` can find wrong without the network, as
         ``(field, message)`` pairs: a certificate file that does not exist, say.
@@ -144,6 +160,13 @@ class Connector(ABC, Generic[ConfigT]):
     ) -> Publisher:
         """A new publisher to the stream's upstream, from a configuration or its fields."""
         return cls.publisher(cls.config(config), destination=destination)
+
+    @classmethod
+    def create_dead_letter_reader(
+        cls, config: ConfigT | Mapping[str, Any], *, options: Mapping[str, Any] | None = None
+    ) -> DeadLetterReader:
+        """A new reader of the stream's dead letters, from a configuration or its fields."""
+        return cls.dead_letter_reader(cls.config(config), options=options)
 
     @classmethod
     def describe(cls, config: ConfigT | Mapping[str, Any]) -> str:

@@ -40,6 +40,7 @@ __all__ = [
     "ORIGIN_QUEUE",
     "ORIGIN_TOPIC",
     "REASON_MAX_BYTES",
+    "REDRIVE_COUNT",
     "REJECT_REASON",
     "TRUNCATED_MARK",
     "DeadLetterStep",
@@ -65,6 +66,9 @@ ORIGIN_QUEUE = ORIGIN_PREFIX + "queue"
 ORIGIN_MESSAGE_ID = ORIGIN_PREFIX + "message_id"
 #: Why: the watchers' reasons joined with ``"; "``, see :func:`reject_reason`.
 REJECT_REASON = "acklane.reject.reason"
+#: How many times ``acklane dlq redrive`` sent the message back to its source, in decimal.
+#: A redriven copy carries it; a dead-letter copy keeps it (it is one of the original's).
+REDRIVE_COUNT = "acklane.redrive.count"
 
 #: The most bytes (UTF-8) of reason text a dead-letter copy carries.
 REASON_MAX_BYTES = 1024

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
+from typing import Any
 
 from acklane.core.connectors import Connector, Publisher
+from acklane.core.connectors.dlq import DeadLetterReader
 
 from ._check import check_connection, offline_problems
 from ._config import KafkaConfig
@@ -48,3 +50,11 @@ class KafkaConnector(Connector[KafkaConfig]):
     @classmethod
     async def check_connection(cls, config: KafkaConfig, *, call_timeout: float) -> str:
         return await check_connection(config, call_timeout)
+
+    @classmethod
+    def dead_letter_reader(
+        cls, config: KafkaConfig, *, options: Mapping[str, Any] | None = None
+    ) -> DeadLetterReader:
+        from ._deadletters import KafkaDeadLetterReader
+
+        return KafkaDeadLetterReader(config, **dict(options or {}))

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
+from typing import Any
 
 from acklane.core.connectors import Connector, Publisher
+from acklane.core.connectors.dlq import DeadLetterReader
 
 from ._check import check_connection, offline_problems
 from ._config import PubSubConfig
@@ -43,3 +45,11 @@ class PubSubConnector(Connector[PubSubConfig]):
     @classmethod
     async def check_connection(cls, config: PubSubConfig, *, call_timeout: float) -> str:
         return await check_connection(config, call_timeout)
+
+    @classmethod
+    def dead_letter_reader(
+        cls, config: PubSubConfig, *, options: Mapping[str, Any] | None = None
+    ) -> DeadLetterReader:
+        from ._deadletters import PubSubDeadLetterReader
+
+        return PubSubDeadLetterReader(config, **dict(options or {}))

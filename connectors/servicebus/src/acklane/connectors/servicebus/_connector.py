@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping
+from typing import Any
 
 from acklane.core.connectors import Connector, Publisher, PublishError
+from acklane.core.connectors.dlq import DeadLetterReader
 
 from ._check import check_connection
 from ._config import ServiceBusConfig
@@ -52,3 +54,11 @@ class ServiceBusConnector(Connector[ServiceBusConfig]):
         )
         client = once.make_client()
         return await check_connection(config, call_timeout, client)
+
+    @classmethod
+    def dead_letter_reader(
+        cls, config: ServiceBusConfig, *, options: Mapping[str, Any] | None = None
+    ) -> DeadLetterReader:
+        from ._deadletters import ServiceBusDeadLetterReader
+
+        return ServiceBusDeadLetterReader(config, **dict(options or {}))

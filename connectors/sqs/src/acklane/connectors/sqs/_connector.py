@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping
+from typing import Any
 
 from acklane.core.connectors import Connector, Publisher, PublishError
+from acklane.core.connectors.dlq import DeadLetterReader
 
 from ._check import check_connection
 from ._config import SqsConfig
@@ -46,3 +48,11 @@ class SqsConnector(Connector[SqsConfig]):
     @classmethod
     async def check_connection(cls, config: SqsConfig, *, call_timeout: float) -> str:
         return await check_connection(config, call_timeout)
+
+    @classmethod
+    def dead_letter_reader(
+        cls, config: SqsConfig, *, options: Mapping[str, Any] | None = None
+    ) -> DeadLetterReader:
+        from ._deadletters import SqsDeadLetterReader
+
+        return SqsDeadLetterReader(config, **dict(options or {}))
