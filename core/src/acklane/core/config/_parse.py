@@ -34,6 +34,7 @@ from ._models import (
     EngineSettings,
     MetricsSettings,
     StoreSettings,
+    TracingSettings,
     WatcherSettings,
     _Settings,
 )
@@ -334,11 +335,14 @@ def parse_config(
     assert isinstance(engine, EngineSettings)
     assert isinstance(store, StoreSettings)
     assert isinstance(metrics, MetricsSettings)
+    tracing = sections["tracing"]
+    assert isinstance(tracing, TracingSettings)
     secrets = _remember_secrets(
         reader,
         data,
         *(s for stream in streams.values() for s in secrets_in(stream.config)),
         *(s for entry in sinks.values() for s in secrets_in(entry.settings)),
+        *secrets_in(tracing),
     )
     return AcklaneConfig(
         source=source,
@@ -351,6 +355,7 @@ def parse_config(
         secrets=secrets,
         sinks={name: entry.settings for name, entry in sinks.items()},
         deprecations=tuple(reader.deprecations),
+        tracing=tracing,
     )
 
 
