@@ -6,7 +6,9 @@ the SDK's in-memory exporter."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -14,12 +16,14 @@ from typing import Any
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from acklane.core.config import TracingSettings, load_config
+from acklane.connectors.memory import MemoryBroker
+from acklane.core.config import TracingSettings, load_config, parse_config
 from acklane.core.connectors import OutgoingMessage
 from acklane.core.observe import tracing
 from acklane.core.pipeline import runner as runner_module
 from acklane.core.pipeline.runner import Runner
 from acklane.integration.emulator import Emulator
+from acklane.integration.kafka import KafkaKit
 from acklane.integration.kits import KITS, BrokerKit, kit_for
 from acklane.integration.testing import run_until, write_pipeline
 
@@ -92,3 +96,46 @@ async def test_the_traceparent_of_a_message_parents_its_span(
     assert attrs["acklane.message_id"]
     (other,) = [s for s in spans if s is not span]
     assert other.parent is None
+
+
+async def test_the_broker_sink_sends_the_delivery_span_as_a_header(
+    tmp_path: Path, kafka_kit: KafkaKit, exporter: InMemorySpanExporter
+) -> None:
+    """A memory stream's event, delivered by a broker sink to Kafka: the record carries
+    the delivery span's traceparent, in the trace of the message's own traceparent."""
+    name = f"tracing-{uuid.uuid4().hex[:8]}"
+    memory = MemoryBroker.get(name)
+    memory.create_topic("orders", 1)
+    topic = kafka_kit.new_topic("traced")
+    text = f"""\
+store: {{url: "sqlite:///{tmp_path / 'e.db'}"}}
+tracing: {{enabled: true}}
+streams:
+  orders: {{connector: memory, broker: {name}, topics: [orders], group_id: g,
+            poll_interval: 0.02}}
+  out: {{connector: kafka, bootstrap_servers: "{kafka_kit.bootstrap_servers}",
+         topics: [{topic}], group_id: unused}}
+sinks:
+  - {{name: to-kafka, kind: broker, stream: out}}
+watchers:
+  - {{name: all, stream: orders, sinks: [to-kafka]}}
+"""
+    config = parse_config(text, source="t.yaml")
+    traceparent = f"00-{UPSTREAM_TRACE}-{UPSTREAM_SPAN}-01"
+    memory.publish("orders", b'{"id": 1}', "k", {"traceparent": traceparent})
+
+    def delivered() -> list[Any]:
+        return [s for s in exporter.get_finished_spans() if s.name == "deliver to-kafka"]
+
+    try:
+        await run_until(Runner(config, handle_signals=False), lambda: bool(delivered()))
+    finally:
+        MemoryBroker.remove(name)
+    (record,) = await asyncio.to_thread(kafka_kit.read, topic, 1)
+    headers = {k: (v or b"").decode() for k, v in record.headers() or []}
+    _, trace_id, span_id, _ = headers["traceparent"].split("-")
+    assert trace_id == UPSTREAM_TRACE
+    (span,) = delivered()
+    assert format(span.context.span_id, "016x") == span_id
+    assert dict(span.attributes or {})["acklane.outcome"] == "delivered"
+    assert headers["acklane-event-id"] == dict(span.attributes or {})["acklane.event_id"]
