@@ -108,7 +108,7 @@ async def test_the_broker_sink_sends_the_delivery_span_as_a_header(
     memory.create_topic("orders", 1)
     topic = kafka_kit.new_topic("traced")
     text = f"""\
-store: {{url: "sqlite:///{tmp_path / 'e.db'}"}}
+store: {{url: "sqlite:///{tmp_path / "e.db"}"}}
 tracing: {{enabled: true}}
 streams:
   orders: {{connector: memory, broker: {name}, topics: [orders], group_id: g,

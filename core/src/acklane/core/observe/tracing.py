@@ -37,6 +37,7 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final
 
+from ..errors import AcklaneError
 from .redact import redact, redact_url, remember
 
 if TYPE_CHECKING:
@@ -55,6 +56,7 @@ __all__ = [
     "EXPORTERS",
     "MessageTracer",
     "SinkSpans",
+    "TracingUnavailable",
     "active",
     "enabled_by",
     "install",
@@ -83,6 +85,10 @@ _MESSAGING_SYSTEM: Final = {
 STORED_CONTEXTS_MAX: Final = 100_000
 
 _EMPTY: Mapping[str, str] = {}
+
+
+class TracingUnavailable(AcklaneError, RuntimeError):
+    """Tracing is configured, but OpenTelemetry is not installed (the ``tracing`` extra)."""
 
 
 def enabled_by(settings: TracingSettings | None, env: Mapping[str, str]) -> str | None:
@@ -119,7 +125,7 @@ def start_tracing(
 
     ``exporter`` (a ``SpanExporter``, for tests: the SDK's in-memory one) replaces the
     configured one, behind a processor that exports each span as it ends.
-    Raises :class:`RuntimeError` naming the extra when OpenTelemetry is not installed.
+    Raises :class:`TracingUnavailable` naming the extra when OpenTelemetry is not installed.
     """
     env = os.environ if env is None else env
     exporter_name = enabled_by(settings, env)
@@ -135,7 +141,7 @@ def start_tracing(
         )
         from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
     except ImportError as exc:
-        raise RuntimeError(
+        raise TracingUnavailable(
             f"tracing is configured but OpenTelemetry is not installed ({exc.name} is "
             'missing): pip install "acklane[tracing]"'
         ) from None
