@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from types import TracebackType
@@ -243,14 +242,13 @@ class _Getter:
 class _Open:
     """A message's span while the engine holds the message."""
 
-    __slots__ = ("entry", "fired", "key", "message_id", "span", "start")
+    __slots__ = ("entry", "fired", "key", "message_id", "span")
 
     def __init__(self, entry: _Entry, key: Hashable, message_id: str | None, span: Span) -> None:
         self.entry = entry
         self.key = key
         self.message_id = message_id
         self.span = span
-        self.start = time.time_ns()
         self.fired: dict[str, int] | None = None  # trigger events per watcher
 
 
@@ -278,15 +276,13 @@ class MessageTracer:
 
     # -- set-up
 
-    def describe(self, key: Hashable, key_text: str, broker: str, streams: Sequence[str]) -> None:
+    def describe(self, key: Hashable, broker: str, streams: Sequence[str]) -> None:
         """What every span of ``key`` says of its stream (the runner, per cohort)."""
         names = ",".join(streams)
         attributes: dict[str, Any] = {
             "messaging.system": _MESSAGING_SYSTEM.get(broker, broker),
-            "messaging.operation.type": "process",
             "acklane.broker": broker,
             "acklane.stream": names,
-            "acklane.stream_key": key_text,
         }
         self._streams[key] = (attributes, f"process {names}")
 
@@ -299,13 +295,19 @@ class MessageTracer:
     # -- engine hooks
 
     def received(self, group: _Group, entries: Iterable[_Entry]) -> None:
-        """The poll made ``entries``: one span each, child of its traceparent."""
+        """The poll made ``entries``: one span each, child of its traceparent.
+
+        A span the sampler drops is not kept: nothing more is recorded of its message.
+        """
         key = group.key
         attributes, name = self._streams.get(key) or ({"acklane.stream_key": str(key)}, "process")
         message_id_of = group.message_id_of
         start = self.tracer.start_span
         extract = self._propagator.extract
         getter = self._getter
+        kind = self._kind_consumer
+        opens = self._open
+        by_mid = self._by_mid
         for entry in entries:
             raw = entry.raw
             carrier = getattr(raw, "attributes", None)
@@ -316,18 +318,24 @@ class MessageTracer:
                     mid = message_id_of(entry.payload)
                 except Exception:
                     mid = None
-            attrs = dict(attributes)
+            attrs = attributes.copy()
             if mid is not None:
                 attrs["acklane.message_id"] = mid
-                attrs["messaging.message.id"] = mid
             source = getattr(raw, "source", None)
-            if isinstance(source, str):
+            if type(source) is str:
                 attrs["messaging.destination.name"] = source
-            span = start(name, context=parent, kind=self._kind_consumer, attributes=attrs)
+            span = start(name, context=parent, kind=kind, attributes=attrs)
+            if not span.is_recording():
+                continue
             opened = _Open(entry, key, mid, span)
-            self._open.setdefault(id(entry.payload), []).append(opened)
+            ident = id(entry.payload)
+            same = opens.get(ident)
+            if same is None:
+                opens[ident] = [opened]
+            else:
+                same.append(opened)
             if mid is not None:
-                self._by_mid[(key, mid)] = opened
+                by_mid[(key, mid)] = opened
 
     def _find(self, entry: _Entry) -> _Open | None:
         for opened in self._open.get(id(entry.payload), ()):
@@ -336,7 +344,7 @@ class MessageTracer:
         return None
 
     def filtered(self, sub: _Subscriber, entry: _Entry) -> None:
-        """Watcher ``sub`` is done with ``entry``: its span, from the broadcast to now."""
+        """Watcher ``sub`` is done with ``entry``: an ``acklane.filter`` event on its span."""
         opened = self._find(entry)
         if opened is None:
             return
@@ -354,11 +362,7 @@ class MessageTracer:
         else:
             outcome = "fired" if events else "acked"
         attrs["acklane.outcome"] = outcome
-        context = self._trace.set_span_in_context(opened.span)
-        span = self.tracer.start_span(
-            f"filter {watcher}", context=context, start_time=opened.start, attributes=attrs
-        )
-        span.end()
+        opened.span.add_event("acklane.filter", attrs)
 
     # -- runner hooks
 
@@ -401,7 +405,6 @@ class MessageTracer:
 
     def advanced(self, key: Hashable, batch: Sequence[AdvanceItem]) -> None:
         """The broker was advanced past ``batch``: each message's span ends, with its outcome."""
-        size = len(batch)
         for payload, outcome in batch:
             opens = self._open.get(id(payload))
             if not opens:
@@ -411,7 +414,6 @@ class MessageTracer:
                 continue
             self._forget(opened)
             span = opened.span
-            reasons = getattr(outcome, "reject_reasons", ())
             if outcome.failed:
                 what = "failed"
             elif outcome.rejected:
@@ -420,13 +422,15 @@ class MessageTracer:
                 what = "acked"
             else:
                 what = "unclaimed"
-            span.set_attribute("acklane.outcome", what)
-            span.set_attribute("acklane.acked", outcome.acked)
-            span.set_attribute("acklane.rejected", outcome.rejected)
-            span.set_attribute("acklane.failed", outcome.failed)
-            span.set_attribute("acklane.advance_batch", size)
-            if reasons:
-                span.set_attribute("acklane.reason", reasons[0])
+            attrs: dict[str, Any] = {"acklane.outcome": what}
+            if what != "acked":
+                attrs["acklane.acked"] = outcome.acked
+                attrs["acklane.rejected"] = outcome.rejected
+                attrs["acklane.failed"] = outcome.failed
+                reasons = getattr(outcome, "reject_reasons", ())
+                if reasons:
+                    attrs["acklane.reason"] = reasons[0]
+            span.set_attributes(attrs)
             if what == "failed":
                 from opentelemetry.trace import Status, StatusCode
 
@@ -453,9 +457,12 @@ class MessageTracer:
         ident = id(opened.entry.payload)
         opens = self._open.get(ident)
         if opens is not None:
-            opens[:] = [o for o in opens if o is not opened]
-            if not opens:
+            if len(opens) == 1 and opens[0] is opened:
                 del self._open[ident]
+            else:
+                opens[:] = [o for o in opens if o is not opened]
+                if not opens:
+                    del self._open[ident]
         mid = opened.message_id
         if mid is not None and self._by_mid.get((opened.key, mid)) is opened:
             del self._by_mid[(opened.key, mid)]

@@ -118,7 +118,7 @@ class _Cohort:
         if tracer is not None:
             stream = runner.config.streams.get(watchers[0].stream)
             broker = "" if stream is None else stream.connector_name
-            tracer.describe(key, self.key_text, broker, sorted({w.stream for w in watchers}))
+            tracer.describe(key, broker, sorted({w.stream for w in watchers}))
 
     async def run(self) -> None:
         engine = self.runner.config.engine
