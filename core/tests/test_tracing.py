@@ -408,3 +408,25 @@ def test_tracing_off_imports_no_opentelemetry(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.strip().splitlines()[-1]) == []
+
+
+async def test_the_function_sink_calls_the_function_in_its_delivery_span(
+    tmp_path: Path, broker: MemoryBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sink_functions
+
+    sink_functions.TRACED.clear()
+    exporter = _in_memory(monkeypatch)
+    sinks = """\
+        sinks:
+          - {name: hook, kind: function, function: "sink_functions:record_trace"}
+        """
+    cfg = _config(tmp_path / "e.db", broker.name, extra="tracing: {enabled: true}\n", sinks=sinks)
+    _publish(broker)
+    runner = Runner(cfg, handle_signals=False)
+    await run_until(runner, lambda: all_committed(broker) and bool(sink_functions.TRACED))
+    (context,) = sink_functions.TRACED
+    (deliver,) = _by_name(exporter.get_finished_spans(), "deliver hook")
+    assert deliver.context is not None
+    assert getattr(context, "span_id", None) == deliver.context.span_id
+    assert format(deliver.context.trace_id, "032x") == UPSTREAM_TRACE

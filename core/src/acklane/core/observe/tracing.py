@@ -29,6 +29,7 @@ The hook calls, for whoever rewrites the engine's per-message path:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections import OrderedDict
@@ -498,6 +499,11 @@ class SinkSpans:
         """The W3C fields to send with event ``index`` of the batch (empty when off)."""
         return _EMPTY
 
+    def current(self, index: int = 0) -> contextlib.AbstractContextManager[object]:
+        """Event ``index``'s delivery span as the current OpenTelemetry context (what
+        the function sink calls the function in); nothing when off."""
+        return contextlib.nullcontext()
+
     def results(self, results: Sequence[BaseException | None]) -> None:
         """Each event's outcome (None: delivered)."""
 
@@ -553,6 +559,13 @@ class _LiveSinkSpans(SinkSpans):
 
     def carrier(self, index: int = 0) -> Mapping[str, str]:
         return self.carriers[index] if index < len(self.carriers) else _EMPTY
+
+    def current(self, index: int = 0) -> contextlib.AbstractContextManager[object]:
+        if index >= len(self.spans):
+            return contextlib.nullcontext()
+        from opentelemetry.trace import use_span
+
+        return use_span(self.spans[index], end_on_exit=False, record_exception=False)
 
     def results(self, results: Sequence[BaseException | None]) -> None:
         from opentelemetry.trace import Status, StatusCode
