@@ -430,3 +430,28 @@ async def test_the_function_sink_calls_the_function_in_its_delivery_span(
     assert deliver.context is not None
     assert getattr(context, "span_id", None) == deliver.context.span_id
     assert format(deliver.context.trace_id, "032x") == UPSTREAM_TRACE
+
+
+def test_tracing_on_without_the_extra_is_a_problem_at_its_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from acklane.core.config import _parse
+
+    monkeypatch.setattr(_parse, "_tracing_installed", lambda: False)
+    text = textwrap.dedent(
+        """\
+        streams:
+          orders: {connector: memory, topics: [orders]}
+        watchers:
+          - {name: w, stream: orders}
+        tracing:
+          enabled: true
+        """
+    )
+    with pytest.raises(ConfigError) as caught:
+        parse_config(text, source="t.yaml", env={})
+    (problem,) = caught.value.problems
+    assert (problem.line, problem.path) == (5, "tracing")
+    assert 'pip install "acklane[tracing]"' in problem.message
+    # off, or on by nothing: no problem
+    parse_config(text.replace("enabled: true", "enabled: false"), source="t.yaml", env={})

@@ -327,6 +327,7 @@ def parse_config(
             "process: use a SQLite file or PostgreSQL",
         )
     state = _state(reader, state_raw or {})
+    _tracing_problem(reader, sections["tracing"], env)
     if offline_checks:
         _offline_checks(reader, sections["store"], streams)
     if reader.problems:
@@ -357,6 +358,34 @@ def parse_config(
         deprecations=tuple(reader.deprecations),
         tracing=tracing,
     )
+
+
+def _tracing_installed() -> bool:
+    """Whether OpenTelemetry's SDK and OTLP/HTTP exporter are installed (not imported)."""
+    import importlib.util
+
+    try:
+        return all(
+            importlib.util.find_spec(name) is not None
+            for name in ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http")
+        )
+    except (ImportError, ValueError):
+        return False
+
+
+def _tracing_problem(
+    reader: _Reader, tracing: _Settings | None, env: Mapping[str, str] | None
+) -> None:
+    """Tracing on (by the file or ``OTEL_TRACES_EXPORTER``) without the ``tracing`` extra."""
+    from ..observe.tracing import enabled_by
+
+    if not isinstance(tracing, TracingSettings):
+        return
+    if enabled_by(tracing, os.environ if env is None else env) and not _tracing_installed():
+        reader.problem(
+            ("tracing",),
+            'tracing is on but OpenTelemetry is not installed: pip install "acklane[tracing]"',
+        )
 
 
 def _offline_checks(
