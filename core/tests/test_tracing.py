@@ -35,6 +35,8 @@ UPSTREAM_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 UPSTREAM_SPAN = "00f067aa0ba902b7"
 TRACEPARENT = f"00-{UPSTREAM_TRACE}-{UPSTREAM_SPAN}-01"
 TOKEN = "otlp-token-7f3a9c2e1b"
+#: The events of a watcher's verdict on a message's span.
+VERDICTS = ("acklane.fired", "acklane.acked", "acklane.rejected", "acklane.failed")
 
 
 @pytest.fixture
@@ -148,12 +150,10 @@ async def test_one_span_per_message_with_its_watchers_stored_events_and_outcome(
     assert _watchers(second, "acklane.stored") == ["all"]
     # one event per watcher's verdict, on the message's span
     verdicts = {
-        (name, str((e.attributes or {})["acklane.watcher"])): (e.attributes or {})[
-            "acklane.outcome"
-        ]
+        (name, str((e.attributes or {})["acklane.watcher"])): e.name.removeprefix("acklane.")
         for name, span in (("0", first), ("1", second), ("2", third))
         for e in span.events
-        if e.name == "acklane.filter"
+        if e.name in VERDICTS
     }
     assert verdicts == {
         ("0", "big"): "fired",
@@ -294,7 +294,7 @@ async def test_spans_reach_a_real_otlp_http_receiver_with_the_configured_headers
         a.value.string_value for s in messages for a in s.attributes if a.key == "acklane.outcome"
     )
     assert outcomes == ["acked", "acked", "rejected"]
-    assert len([e for s in messages for e in s.events if e.name == "acklane.filter"]) == 6
+    assert len([e for s in messages for e in s.events if e.name in VERDICTS]) == 6
     # the start-up line names the endpoint, never the header's token
     lines = [r.getMessage() for r in caplog.records if "Tracing on" in r.getMessage()]
     assert lines and endpoint in lines[0]
@@ -455,3 +455,25 @@ def test_tracing_on_without_the_extra_is_a_problem_at_its_line(
     assert 'pip install "acklane[tracing]"' in problem.message
     # off, or on by nothing: no problem
     parse_config(text.replace("enabled: true", "enabled: false"), source="t.yaml", env={})
+
+
+async def test_a_sampled_out_parent_and_the_sample_ratio_drop_messages_before_any_span(
+    tmp_path: Path, broker: MemoryBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A traceparent flagged not sampled is followed (no span); with sample_ratio 0 a
+    message without one gets none either; a sampled parent is recorded whatever the
+    ratio."""
+    exporter = _in_memory(monkeypatch)
+    cfg = _config(
+        tmp_path / "e.db", broker.name, extra="tracing: {enabled: true, sample_ratio: 0}\n"
+    )
+    unsampled = f"00-{UPSTREAM_TRACE}-{UPSTREAM_SPAN}-00"
+    broker.publish("orders", b'{"id": 1, "amount": 1}', "k", {"traceparent": unsampled})
+    broker.publish("orders", b'{"id": 2, "amount": 1}', "k")
+    broker.publish("orders", b'{"id": 3, "amount": 1}', "k", {"Traceparent": TRACEPARENT})
+    broker.publish("orders", b'{"id": 4, "amount": 1}', "k", {"traceparent": "00-garbage"})
+    runner = Runner(cfg, handle_signals=False)
+    await run_until(runner, lambda: all_committed(broker))
+    (span,) = exporter.get_finished_spans()  # the sampled parent's only (any case)
+    assert format(span.context.trace_id, "032x") == UPSTREAM_TRACE
+    assert _attrs(span)["acklane.message_id"].endswith("/2")

@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import random
 from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from types import TracebackType
@@ -153,7 +154,7 @@ def start_tracing(
     provider = TracerProvider(resource=resource, sampler=sampler)
     if exporter is not None:
         provider.add_span_processor(SimpleSpanProcessor(exporter))
-        return MessageTracer(provider)
+        return MessageTracer(provider, ratio)
     chosen: SpanExporter
     where: str
     if exporter_name == "console":
@@ -181,7 +182,7 @@ def start_tracing(
             f"{service or 'acklane'}, sample ratio {sampling})"
         ),
     )
-    return MessageTracer(provider)
+    return MessageTracer(provider, ratio)
 
 
 def _traces_url(endpoint: str) -> str:
@@ -256,11 +257,17 @@ class _Open:
 class MessageTracer:
     """The engine's, the runner's and the sinks' hooks, on one TracerProvider."""
 
-    def __init__(self, provider: TracerProvider) -> None:
+    def __init__(self, provider: TracerProvider, ratio: float | None = None) -> None:
         from opentelemetry import trace
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
         self.provider = provider
+        #: ``tracing.sample_ratio`` when set: a message without a parent is dropped at
+        #: that rate before the SDK makes a span of it (the sampler would drop it too,
+        #: the same way: ParentBased(TraceIdRatioBased)); None: the SDK decides alone
+        self.ratio = ratio
+        self._random = random.random
+        self._get_span = trace.get_current_span
         self.tracer: Tracer = provider.get_tracer("acklane")
         self._trace = trace
         self._propagator = TraceContextTextMapPropagator()
@@ -309,10 +316,22 @@ class MessageTracer:
         kind = self._kind_consumer
         opens = self._open
         by_mid = self._by_mid
+        ratio = self.ratio
+        draw = self._random
+        get_span = self._get_span
         for entry in entries:
             raw = entry.raw
             carrier = getattr(raw, "attributes", None)
             parent = extract(carrier, getter=getter) if carrier else None
+            # what the parent-based sampler would drop, dropped before any span is made
+            if parent is not None:
+                upstream = get_span(parent).get_span_context()
+                if upstream.is_valid and not upstream.trace_flags.sampled:
+                    continue
+                if not upstream.is_valid:
+                    parent = None
+            if parent is None and ratio is not None and draw() >= ratio:
+                continue
             mid: str | None = None
             if message_id_of is not None:
                 try:
@@ -350,20 +369,23 @@ class MessageTracer:
         if opened is None:
             return
         watcher = sub.trigger_id
-        events = 0 if opened.fired is None else opened.fired.get(watcher, 0)
-        attrs: dict[str, Any] = {"acklane.watcher": watcher, "acklane.events": events}
+        attrs: dict[str, Any] = {"acklane.watcher": watcher}
         if sub.current is not entry or sub.failure is not None:
-            outcome = "failed"
+            name = "acklane.failed"
         elif sub.rejected_current:
-            outcome = "rejected"
+            name = "acklane.rejected"
             marks = entry.marks
             reasons = None if marks is None else marks.reasons
             if reasons:
                 attrs["acklane.reason"] = reasons[-1]
         else:
-            outcome = "fired" if events else "acked"
-        attrs["acklane.outcome"] = outcome
-        opened.span.add_event("acklane.filter", attrs)
+            events = 0 if opened.fired is None else opened.fired.get(watcher, 0)
+            if events:
+                name = "acklane.fired"
+                attrs["acklane.events"] = events
+            else:
+                name = "acklane.acked"
+        opened.span.add_event(name, attrs)
 
     # -- runner hooks
 
