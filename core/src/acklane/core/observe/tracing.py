@@ -140,7 +140,7 @@ def start_tracing(
             SimpleSpanProcessor,
             SpanExporter,
         )
-        from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+        from opentelemetry.sdk.trace.sampling import ParentBased
     except ImportError as exc:
         raise TracingUnavailable(
             f"tracing is configured but OpenTelemetry is not installed ({exc.name} is "
@@ -150,7 +150,7 @@ def start_tracing(
     service = (settings.service_name if settings else None) or env.get("OTEL_SERVICE_NAME")
     resource = Resource.create({"service.name": service or "acklane"})
     ratio = None if settings is None else settings.sample_ratio
-    sampler = None if ratio is None else ParentBased(TraceIdRatioBased(ratio))
+    sampler = None if ratio is None else ParentBased(sampled_roots(ratio))
     provider = TracerProvider(resource=resource, sampler=sampler)
     if exporter is not None:
         provider.add_span_processor(SimpleSpanProcessor(exporter))
@@ -183,6 +183,44 @@ def start_tracing(
         ),
     )
     return MessageTracer(provider, ratio)
+
+
+def sampled_roots(ratio: float) -> Any:
+    """The root sampler with ``tracing.sample_ratio``: a message's span (kind CONSUMER)
+    is made only once :meth:`MessageTracer.received` drew it at that ratio, so it is
+    recorded; any other root (a delivery whose message's context this process does not
+    have) is drawn by its trace id at the same ratio."""
+    from opentelemetry.sdk.trace.sampling import (
+        Decision,
+        Sampler,
+        SamplingResult,
+        TraceIdRatioBased,
+    )
+    from opentelemetry.trace import SpanKind
+
+    by_trace_id = TraceIdRatioBased(ratio)
+
+    class DrawnOrRatio(Sampler):
+        def should_sample(
+            self,
+            parent_context: Any,
+            trace_id: int,
+            name: str,
+            kind: Any = None,
+            attributes: Any = None,
+            links: Any = None,
+            trace_state: Any = None,
+        ) -> SamplingResult:
+            if kind is SpanKind.CONSUMER:
+                return SamplingResult(Decision.RECORD_AND_SAMPLE, attributes)
+            return by_trace_id.should_sample(
+                parent_context, trace_id, name, kind, attributes, links, trace_state
+            )
+
+        def get_description(self) -> str:
+            return f"AcklaneDrawnOrRatio{{{ratio}}}"
+
+    return DrawnOrRatio()
 
 
 def _traces_url(endpoint: str) -> str:
@@ -364,7 +402,8 @@ class MessageTracer:
         return None
 
     def filtered(self, sub: _Subscriber, entry: _Entry) -> None:
-        """Watcher ``sub`` is done with ``entry``: an ``acklane.filter`` event on its span."""
+        """Watcher ``sub`` is done with ``entry``: an event named by its verdict on the
+        message's span (``acklane.fired``, ``acklane.acked``, ...)."""
         opened = self._find(entry)
         if opened is None:
             return
