@@ -7,9 +7,10 @@ only tests ``tracer is not None`` at its hook points. See ``docs/tracing.md``.
 One span per message (``process <streams>``, kind CONSUMER), child of the W3C
 ``traceparent`` found in the message's headers or attributes (``RawMessage.attributes``
 on every connector): it starts when the engine broadcasts the message and ends
-when the broker is advanced past it, with the outcome. Beneath it, one span per
-watcher that finished with it (``filter <watcher>``: acked, fired, rejected), and
-events for each trigger event stored. Each sink delivery is a span of its own,
+when the broker is advanced past it, with the outcome. On it, an event per
+watcher that finished with it (``acklane.fired``, ``acklane.acked``,
+``acklane.rejected``, ``acklane.failed``) and one per trigger event stored
+(``acklane.stored``). Each sink delivery is a span of its own,
 child of the message's, whose context the sink passes on (the webhook's
 ``traceparent`` header, the broker sink's attribute, the Airflow asset event's
 ``extra.acklane.traceparent``).
@@ -20,8 +21,10 @@ The hook calls, for whoever rewrites the engine's per-message path:
   (``_Group._poll_ack`` and ``_Group._broadcast_run``);
 - ``filtered(sub, entry)``: a watcher's filter asked for its next message, so it
   is done with ``entry`` (``_Subscriber.raw_stream``, right after its ``yield``);
-- ``fired(key, watcher, bound)``: the runner bound a trigger event to the message;
-- ``committed(seqs)``: the event store committed those bound events;
+- ``fired(key, key_text, watcher, bound)``: the runner bound a trigger event to the
+  message (``_Cohort._watch``, after ``manager.bind_event``);
+- ``committed(seqs)``: the event store committed those bound events (the runner's
+  ``on_confirmed``, before ``manager.confirm_persisted``);
 - ``advanced(key, batch)``: the producer advanced past a batch (the runner's
   ``on_advance``);
 - ``abandon(key, why)``: the key's group is gone; what it never advanced ends so.
