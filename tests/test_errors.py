@@ -89,6 +89,8 @@ BRANCHES: dict[str, type[AcklaneError]] = {
     "acklane.core.sinks._airflow_client.CredentialsRefused": AcklaneError,
     "acklane.integration.airflow.AirflowServerError": AcklaneError,
     "acklane.integration.airflow.AirflowNotInstalled": AcklaneError,
+    # tracing configured without OpenTelemetry installed
+    "acklane.core.observe.tracing.TracingUnavailable": AcklaneError,
     # tooling: the demo and the emulators
     "acklane.core.cli.demo.DemoBrokerUnavailable": AcklaneError,
     "acklane.core.cli.demo.UnknownDemoBroker": AcklaneError,
@@ -124,6 +126,7 @@ BUILTIN_BASES: dict[str, type[Exception]] = {
     "acklane.integration.emulator.EmulatorError": RuntimeError,
     "acklane.core.sinks._registry.UnknownSinkKind": LookupError,
     "acklane.core.sinks.webhook.SignatureError": ValueError,
+    "acklane.core.observe.tracing.TracingUnavailable": RuntimeError,
 }
 
 

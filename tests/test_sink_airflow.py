@@ -83,6 +83,36 @@ async def test_an_event_becomes_one_asset_event_with_its_payload_and_acklanes_fi
     }
 
 
+async def test_with_tracing_on_the_extra_carries_the_delivery_spans_traceparent(
+    airflow_server: AirflowServer,
+) -> None:
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from acklane.core.config import TracingSettings
+    from acklane.core.observe import tracing
+
+    exporter = InMemorySpanExporter()
+    tracer = tracing.start_tracing(TracingSettings(enabled=True), {}, exporter=exporter)
+    tracing.install(tracer)
+    d = delivery({"order": 43})
+    try:
+        async with sink_for(airflow_server) as sink:
+            assert await sink.deliver([d]) == [None]
+    finally:
+        tracing.install(None)
+    (span,) = exporter.get_finished_spans()
+    assert span.name == "deliver to-airflow"
+    (event,) = await events_of(airflow_server, d)
+    ours = event["extra"]["acklane"]
+    version, trace_id, span_id, _flags = ours["traceparent"].split("-")
+    assert (version, trace_id, span_id) == (
+        "00",
+        f"{span.context.trace_id:032x}",
+        f"{span.context.span_id:016x}",
+    )
+    assert ours["event_id"] == d.event_id
+
+
 async def test_a_payload_that_is_not_an_object_is_kept_under_payload(
     airflow_server: AirflowServer,
 ) -> None:

@@ -11,3 +11,13 @@ RECEIVED: list[Delivery] = []
 
 def record(event: Delivery) -> None:
     RECEIVED.append(event)
+
+
+#: The OpenTelemetry span context each call of :func:`record_trace` ran in.
+TRACED: list[object] = []
+
+
+def record_trace(event: Delivery) -> None:
+    from opentelemetry import trace
+
+    TRACED.append(trace.get_current_span().get_span_context())

@@ -604,3 +604,78 @@ def test_top_prints_no_secret(tmp_path: Path) -> None:
         said.append(output)
     assert "no answer from http://watch:***@127.0.0.1:1" in said[0]
     assert "metrics.port is not set" in said[1]
+
+
+TRACING_CONFIG = """\
+store: {url: "sqlite:///{db}"}
+engine: {shutdown_timeout: 3}
+tracing:
+  enabled: true
+  endpoint: "http://otel:${OTLPPASS}@127.0.0.1:1"
+  headers: {authorization: "Bearer ${OTLPBEARER}", x-team-key: "${OTLPTEAM}"}
+streams:
+  m: {connector: memory, broker: tracing-secrets, topics: [t], group_id: g, poll_interval: 0.02}
+watchers:
+  - {name: w, stream: m}
+"""
+TRACING_SECRETS = {
+    "OTLPPASS": "PLANTED30-otlp-url-password",
+    "OTLPBEARER": "PLANTED31-otlp-bearer",
+    "OTLPTEAM": "PLANTED32-otlp-team-key",
+}
+#: ``acklane run`` in a process whose memory broker holds messages (published before the
+#: CLI starts, in the same process): spans are made, and their export fails.
+TRACED_RUN = """\
+import os, signal, sys, threading, time
+from acklane.connectors.memory import MemoryBroker
+config, traceparent, linger = sys.argv[1], sys.argv[2], float(sys.argv[3])
+broker = MemoryBroker.get("tracing-secrets")
+broker.create_topic("t", 1)
+for i in range(5):
+    broker.publish("t", b'{"id": %d}' % i, "k", {"traceparent": traceparent})
+def stop():  # once every message is committed (its span ended), and a bit more
+    while broker.committed("g", "t", 0) < 5:
+        time.sleep(0.05)
+    time.sleep(linger)
+    os.kill(os.getpid(), signal.SIGTERM)
+threading.Thread(target=stop, daemon=True).start()
+sys.argv = ["acklane", "--log-level", "DEBUG", "--log-third-party", "DEBUG", "run", config]
+from acklane.core.cli.app import main
+main()
+"""
+
+
+def test_tracing_prints_no_secret(tmp_path: Path) -> None:
+    """The start-up line, the export to a collector that refuses connections (its
+    retries and errors, urllib3's DEBUG lines), ``config show``: no credential of the
+    endpoint URL, the headers or ``OTEL_EXPORTER_OTLP_HEADERS`` appears."""
+    cfg = _write(tmp_path, "traced.yaml", TRACING_CONFIG.replace("{db}", str(tmp_path / "e.db")))
+    env = {
+        **os.environ,
+        **TRACING_SECRETS,
+        "OTEL_EXPORTER_OTLP_HEADERS": "x-env-key=PLANTED33-otlp-env-header",
+        "OTEL_EXPORTER_OTLP_TIMEOUT": "2",
+        "OTEL_BSP_SCHEDULE_DELAY": "200",
+    }
+    traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    done = subprocess.run(
+        [sys.executable, "-c", TRACED_RUN, str(cfg), traceparent, "1"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=90,
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    assert "Tracing on: spans go to http://otel:***@127.0.0.1:1/v1/traces" in output, output
+    assert "opentelemetry" in output  # the exporter did try, and said it failed
+    assert not _leaks(output), (_leaks(output), output)
+    for name, value in TRACING_SECRETS.items():
+        os.environ.setdefault(name, value)
+    try:
+        result = CliRunner().invoke(app, ["config", "show", str(cfg)])
+    finally:
+        for name in TRACING_SECRETS:
+            os.environ.pop(name, None)
+    assert "tracing:" in result.stdout and "127.0.0.1:1" in result.stdout
+    assert not _leaks(result.stdout + result.stderr), result.stdout

@@ -120,6 +120,17 @@ def test_an_object_payload_is_spread_beside_acklanes_fields() -> None:
     }
 
 
+def test_a_trace_context_goes_beside_acklanes_fields() -> None:
+    d = delivery({"order": 1})
+    trace = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+    assert event_extra(d, trace)["acklane"] == {
+        **d.acklane_fields(),
+        "payload_wrapped": False,
+        **trace,
+    }
+    assert event_extra(d) == event_extra(d, {})  # tracing off: nothing added
+
+
 @pytest.mark.parametrize(
     "payload", [[1, 2], "text", 3, None, {"acklane": 1}, {"from_rest_api": False}]
 )

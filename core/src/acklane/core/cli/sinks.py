@@ -316,6 +316,20 @@ def run_sinks(
     log = logging.getLogger("acklane.core.cli.sinks")
 
     async def main() -> None:
+        from ..observe import tracing
+
+        # delivery spans (their parents are the messages' spans only in the process
+        # that stored the events: here each delivery starts a trace of its own)
+        tracer = tracing.start_tracing(cfg.tracing)
+        tracing.install(tracer)
+        try:
+            await deliver()
+        finally:
+            tracing.install(None)
+            if tracer is not None:
+                await asyncio.to_thread(tracer.shutdown)
+
+    async def deliver() -> None:
         from ..events import EventStore
         from ..sql import async_engine, is_sqlite
 

@@ -30,6 +30,7 @@ from ._models import (
     EngineSettings,
     MetricsSettings,
     StoreSettings,
+    TracingSettings,
     WatcherSettings,
 )
 from ._parse import (
@@ -53,6 +54,7 @@ __all__ = [
     "StoreConfig",
     "StoreSettings",
     "StreamConfig",
+    "TracingSettings",
     "WatcherConfig",
     "WatcherSettings",
     "add_import_roots",

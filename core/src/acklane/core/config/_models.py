@@ -10,6 +10,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SecretStr,
     ValidationInfo,
     field_validator,
 )
@@ -99,6 +100,39 @@ class MetricsSettings(_Settings):
     port: int | None = Field(default=None, ge=1, le=65535)
 
 
+class TracingSettings(_Settings):
+    """``tracing:``: OpenTelemetry spans of each message (docs/tracing.md).
+
+    A field left unset falls back to the standard ``OTEL_*`` variable, then to the
+    default; ``enabled`` unset means "on when ``OTEL_TRACES_EXPORTER`` names an exporter".
+    """
+
+    enabled: bool | None = None
+    exporter: Literal["otlp", "console"] | None = None
+    #: OTLP/HTTP URL of the collector (``/v1/traces`` added when it has no path).
+    endpoint: str | None = Field(default=None, min_length=1)
+    #: Headers of every export request (an API key, ``Authorization``): secrets.
+    headers: dict[str, SecretStr] = Field(default_factory=dict)
+    service_name: str | None = Field(default=None, min_length=1)
+    #: Share of new traces recorded (a message with a sampled traceparent follows it).
+    sample_ratio: float | None = Field(default=None, ge=0, le=1)
+
+    def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
+        for name, value in super().__repr_args__():
+            shown = redact_url(value) if name == "endpoint" and isinstance(value, str) else value
+            yield name, shown
+
+    @field_validator("endpoint")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ValueError(
+                "expected an http:// or https:// URL of an OTLP/HTTP receiver, such as "
+                "http://localhost:4318"
+            )
+        return value
+
+
 class WatcherSettings(_Settings):
     """One entry of ``watchers:`` as written."""
 
@@ -116,5 +150,15 @@ _SECTIONS: Final[dict[str, type[_Settings]]] = {
     "engine": EngineSettings,
     "store": StoreSettings,
     "metrics": MetricsSettings,
+    "tracing": TracingSettings,
 }
-_TOP_LEVEL: Final = ("engine", "store", "state", "metrics", "streams", "watchers", "sinks")
+_TOP_LEVEL: Final = (
+    "engine",
+    "store",
+    "state",
+    "metrics",
+    "tracing",
+    "streams",
+    "watchers",
+    "sinks",
+)

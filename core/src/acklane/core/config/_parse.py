@@ -34,6 +34,7 @@ from ._models import (
     EngineSettings,
     MetricsSettings,
     StoreSettings,
+    TracingSettings,
     WatcherSettings,
     _Settings,
 )
@@ -326,6 +327,7 @@ def parse_config(
             "process: use a SQLite file or PostgreSQL",
         )
     state = _state(reader, state_raw or {})
+    _tracing_problem(reader, sections["tracing"], env)
     if offline_checks:
         _offline_checks(reader, sections["store"], streams)
     if reader.problems:
@@ -334,11 +336,14 @@ def parse_config(
     assert isinstance(engine, EngineSettings)
     assert isinstance(store, StoreSettings)
     assert isinstance(metrics, MetricsSettings)
+    tracing = sections["tracing"]
+    assert isinstance(tracing, TracingSettings)
     secrets = _remember_secrets(
         reader,
         data,
         *(s for stream in streams.values() for s in secrets_in(stream.config)),
         *(s for entry in sinks.values() for s in secrets_in(entry.settings)),
+        *secrets_in(tracing),
     )
     return AcklaneConfig(
         source=source,
@@ -351,7 +356,36 @@ def parse_config(
         secrets=secrets,
         sinks={name: entry.settings for name, entry in sinks.items()},
         deprecations=tuple(reader.deprecations),
+        tracing=tracing,
     )
+
+
+def _tracing_installed() -> bool:
+    """Whether OpenTelemetry's SDK and OTLP/HTTP exporter are installed (not imported)."""
+    import importlib.util
+
+    try:
+        return all(
+            importlib.util.find_spec(name) is not None
+            for name in ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http")
+        )
+    except (ImportError, ValueError):
+        return False
+
+
+def _tracing_problem(
+    reader: _Reader, tracing: _Settings | None, env: Mapping[str, str] | None
+) -> None:
+    """Tracing on (by the file or ``OTEL_TRACES_EXPORTER``) without the ``tracing`` extra."""
+    from ..observe.tracing import enabled_by
+
+    if not isinstance(tracing, TracingSettings):
+        return
+    if enabled_by(tracing, os.environ if env is None else env) and not _tracing_installed():
+        reader.problem(
+            ("tracing",),
+            'tracing is on but OpenTelemetry is not installed: pip install "acklane[tracing]"',
+        )
 
 
 def _offline_checks(

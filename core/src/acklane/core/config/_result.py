@@ -13,7 +13,7 @@ from ..pipeline.filters import CompiledFilter
 from ..sinks import SinkSettings
 from ..stores.settings import StateStoreSettings
 from ._errors import ConfigProblem
-from ._models import EngineSettings, MetricsSettings, StoreSettings
+from ._models import EngineSettings, MetricsSettings, StoreSettings, TracingSettings
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +70,8 @@ class AcklaneConfig:
     sinks: Mapping[str, SinkSettings] = field(default_factory=dict)
     #: Old names of settings the file uses (they still work), each at its file:line.
     deprecations: tuple[ConfigProblem, ...] = ()
+    #: ``tracing:`` (OpenTelemetry; off unless enabled here or by ``OTEL_TRACES_EXPORTER``).
+    tracing: TracingSettings = field(default_factory=TracingSettings)
 
     def watcher(self, name: str) -> WatcherConfig:
         for w in self.watchers:

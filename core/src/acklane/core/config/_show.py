@@ -35,4 +35,6 @@ def config_document(config: AcklaneConfig) -> dict[str, Any]:
     }
     if config.sinks:
         document["sinks"] = [redact_structure(s) for s in config.sinks.values()]
+    if config.tracing.model_fields_set:  # shown when the file has a tracing block
+        document["tracing"] = redact_structure(config.tracing)
     return document

@@ -353,6 +353,7 @@ class _Group:
         get_lane = producer.get_advance_lane
         stats = self.stats
         suspects = self.suspects
+        tracer = self.manager.tracer  # OpenTelemetry spans, or None (tracing off)
         try:
             async for item in stream:
                 fixed: Hashable = _NO_LANE  # the lane of every pair of a LaneBatch
@@ -384,6 +385,8 @@ class _Group:
                     entry = _Entry(payload, raw, run)
                     lane_q.append(entry)
                     stats.broadcast += 1
+                    if tracer is not None:
+                        tracer.received(self, (entry,))
                     if not members:
                         self._unclaimed(entry)
                         continue
@@ -436,6 +439,9 @@ class _Group:
         entries = [_Entry(payload, raw, run) for raw, payload in pairs]
         run.lane_q.extend(entries)
         self.stats.broadcast += len(entries)
+        tracer = self.manager.tracer
+        if tracer is not None:
+            tracer.received(self, entries)
         for sub in members:
             sub.queue.extend(entries)
             if sub.waiter is not None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import AsyncGenerator, AsyncIterator, Hashable, Iterable, Mapping
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..trigger import BaseEventTrigger, TriggerEvent, current_window
 from ._common import aclose_iter, log
@@ -18,6 +18,9 @@ from ._group import _Group
 from ._ledger import _UNASKED, ACKED
 from ._settings import _check_settings, _stream_settings
 from ._subscriber import _Binding, _Subscriber
+
+if TYPE_CHECKING:
+    from ..observe.tracing import MessageTracer
 from ._types import (
     AdvanceObserver,
     BoundEvent,
@@ -44,6 +47,7 @@ class SharedStreamManager:
         on_subscriber_failed: FailureObserver | None = None,
         on_subscriber_leaving: LeaveObserver | None = None,
         poison_policy: PoisonPolicy | None = None,
+        tracer: MessageTracer | None = None,
     ) -> None:
         _check_limits(max_subscriber_queue, ack_timeout, overflow)
         #: Airflow's parameter (a bound logger), accepted so that code written for
@@ -62,6 +66,9 @@ class SharedStreamManager:
         #: acklane's addition: failures attributed to a message are counted, and a
         #: message that failed too often is rejected before any subscriber sees it.
         self.poison_policy = poison_policy
+        #: acklane's addition: OpenTelemetry spans per message (None: tracing off, and
+        #: the poll and the subscribers call nothing; acklane.core.observe.tracing).
+        self.tracer = tracer
         self._groups: dict[Hashable, _Group] = {}
         self._subs: dict[tuple[str, Hashable], _Subscriber] = {}
         # trigger id -> [(key, subscriber)]: bind_event's lookup without hashing the key

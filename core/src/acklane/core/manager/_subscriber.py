@@ -217,6 +217,7 @@ class _Subscriber:
         loop = asyncio.get_running_loop()
         window_get = current_window.get
         window_set = current_window.set
+        tracer = group.manager.tracer if acking else None  # OpenTelemetry, or None
         if acking:
             # once per subscription, in the filter's task (nothing per event, nothing at
             # all without Airflow): Airflow's reject finds this subscriber's window
@@ -252,6 +253,8 @@ class _Subscriber:
                 if window_get() is not self:
                     window_set(self)
                 yield entry.raw
+                if tracer is not None:  # this watcher's verdict, on the message's span
+                    tracer.filtered(self, entry)
                 # The filter asks for the next raw event: this one's window closes
                 # (unless the subscriber was failed or closed meanwhile, which did it).
                 if self.current is not entry:

@@ -35,6 +35,7 @@ from ..manager import CONSUMER_CLOSED, FILTER_RETURNED, SharedStreamManager
 from ..observe.health import CohortStatus, Health
 from ..observe.lag import LagMonitor
 from ..observe.progress import Progress
+from ..observe.tracing import MessageTracer, install, start_tracing
 from ..producer import AdvanceItem
 from ..sinks import Dispatcher, build_sinks
 from ..trigger import SharedStreamError, TriggerEvent, reject_shared_stream_event
@@ -114,6 +115,11 @@ class _Cohort:
             key, self.key_text, max_attempts_of(watchers[0].stream_config())
         )
         self.stalled = 0  # restarts in a row without progress (engine.max_restarts)
+        tracer = runner.tracer
+        if tracer is not None:
+            stream = runner.config.streams.get(watchers[0].stream)
+            broker = "" if stream is None else stream.connector_name
+            tracer.describe(key, broker, sorted({w.stream for w in watchers}))
 
     async def run(self) -> None:
         engine = self.runner.config.engine
@@ -152,6 +158,8 @@ class _Cohort:
                 async with asyncio.timeout(delay + engine.shutdown_timeout):
                     # the old group's producer leaves the broker before a new one joins
                     await self.runner.manager.wait_key_closed(self.key)
+            if self.runner.tracer is not None:  # what the old group never advanced
+                self.runner.tracer.abandon(self.key, _why(error))
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(delay):
                     await self.runner.stopped.wait()
@@ -222,6 +230,7 @@ class _Cohort:
         progress = self.progress
         fired = progress.watcher_events
         fired.setdefault(name, 0)
+        tracer = runner.tracer
         try:
             # manager.events() without its generator step per event: the filter's own
             # iterator, and the subscription's failure and close done here
@@ -242,6 +251,8 @@ class _Cohort:
                         bound = manager.bind_event(trigger_id=name, key=key)
                         message_id = None if bound is None else bound.message_id
                         observer.fired(name, event, message_id)
+                        if tracer is not None:
+                            tracer.fired(key, key_text, name, bound)
                         record = EventRecord(
                             name,
                             key_text,
@@ -350,6 +361,8 @@ class Runner:
         #: Each stream's backlog on its broker, read every engine.lag_interval seconds.
         self.lag = LagMonitor()
         self.health.lag = self.lag
+        #: OpenTelemetry spans of each message while the pipeline runs (None: tracing off).
+        self.tracer: MessageTracer | None = None
 
     @property
     def stopped(self) -> asyncio.Event:
@@ -367,6 +380,18 @@ class Runner:
         self.poison.advanced(key, len(batch))
         self.progress.advanced(key, batch)
         self.observer.advanced(key, batch)
+        if self.tracer is not None:
+            self.tracer.advanced(key, batch)
+
+    def _on_confirmed_traced(self, seqs: Sequence[int]) -> None:
+        """The store committed ``seqs``: their spans first, then the engine's books."""
+        tracer = self.tracer
+        if tracer is not None:
+            try:
+                tracer.committed(seqs)
+            except Exception:  # tracing must never hold back a confirmation
+                log.exception("tracing the event store's commit failed")
+        self.manager.confirm_persisted(seqs)
 
     def _on_subscriber_failed(self, key: Hashable, trigger_id: str, exc: BaseException) -> None:
         # The failed watcher is out of every later snapshot: if its siblings went on,
@@ -455,15 +480,21 @@ class Runner:
     async def _run(self) -> None:
         health = self.health
         health.phase = "starting"
+        tracer = self.tracer = start_tracing(self.config.tracing)
+        self.manager.tracer = tracer
+        install(tracer)
         store = EventStore(
             self.config.store.url,
-            on_confirmed=self.manager.confirm_persisted,
+            on_confirmed=(
+                self.manager.confirm_persisted if tracer is None else self._on_confirmed_traced
+            ),
             commit_interval=self.config.store.commit_interval_ms / 1000.0,
         )
         try:
             await store.open()
         except BaseException:
             health.phase = "stopped"
+            await self._stop_tracing()
             raise
         self._store = store
         health.store = store
@@ -525,6 +556,20 @@ class Runner:
 
                 set_default_backend(None)
                 await backend.aclose()
+            await self._stop_tracing()
+
+    async def _stop_tracing(self) -> None:
+        """Export the last spans (in a thread: the exporter blocks) and stop tracing."""
+        tracer, self.tracer = self.tracer, None
+        self.manager.tracer = None
+        if tracer is None:
+            return
+        install(None)
+        try:
+            async with asyncio.timeout(self.config.engine.shutdown_timeout):
+                await asyncio.to_thread(tracer.shutdown)
+        except Exception as exc:  # TimeoutError included: those spans are lost
+            log.warning("Exporting the last spans failed: %s", _why(exc))
 
     async def _start_sinks(self, store: EventStore) -> Dispatcher | None:
         """The sinks' dispatcher, woken by each commit of new events (and, on PostgreSQL,

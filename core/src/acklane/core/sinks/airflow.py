@@ -27,6 +27,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 
 from ..durations import Duration
 from ..observe.redact import MASK, MIN_LENGTH, redact
+from ..observe.tracing import sink_spans
 from ._airflow_client import (
     AirflowClient,
     AssetRef,
@@ -126,8 +127,11 @@ class AirflowSinkSettings(SinkSettings):
         return None
 
 
-def event_extra(delivery: Delivery) -> dict[str, Any]:
+def event_extra(delivery: Delivery, trace: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The asset event's ``extra`` for ``delivery``.
+
+    ``trace``: the W3C fields of the delivery's span (``traceparent``, ``tracestate``),
+    kept beside acklane's own fields when tracing is on.
 
     A payload object whose keys clash with none of :data:`RESERVED_KEYS` is spread at
     the top level; any other payload (not an object, or with an ``acklane`` or
@@ -137,18 +141,20 @@ def event_extra(delivery: Delivery) -> dict[str, Any]:
     payload = delivery.payload
     spread = isinstance(payload, dict) and not any(key in payload for key in RESERVED_KEYS)
     ours = {**delivery.acklane_fields(), "payload_wrapped": not spread}
+    if trace:
+        ours.update(trace)
     if spread:
         return {**payload, "acklane": ours}
     return {"payload": payload, "acklane": ours}
 
 
-def encode_extra(delivery: Delivery) -> bytes:
+def encode_extra(delivery: Delivery, trace: Mapping[str, str] | None = None) -> bytes:
     """The extra as strict JSON in UTF-8; :class:`RefusedDelivery` for a payload that
     has no such form (NaN or infinity, which Airflow would store as null; a lone
     surrogate; a value JSON cannot hold; nesting too deep to encode)."""
     try:
         text = json.dumps(
-            event_extra(delivery), allow_nan=False, ensure_ascii=False, separators=(",", ":")
+            event_extra(delivery, trace), allow_nan=False, ensure_ascii=False, separators=(",", ":")
         )
         return text.encode("utf-8")
     except (ValueError, TypeError, UnicodeEncodeError, RecursionError) as exc:
@@ -344,9 +350,14 @@ class AirflowSink(Sink):
     # -- delivery ---------------------------------------------------------------------------
 
     async def deliver_one(self, delivery: Delivery) -> None:
+        with sink_spans(self, (delivery,)) as spans:
+            await self._deliver_one(delivery, spans.carrier(0))
+            spans.results((None,))
+
+    async def _deliver_one(self, delivery: Delivery, trace: Mapping[str, str]) -> None:
         ref = self._asset_for(delivery)
         what = f"event {delivery.event_id} to {ref}"
-        extra = encode_extra(delivery)  # no JSON form: refused before any I/O
+        extra = encode_extra(delivery, trace)  # no JSON form: refused before any I/O
         if delivery.attempt > 1 and await self.delivered_already([delivery]):
             log.info("sink %s: %s was in Airflow already; not sent again", self.name, what)
             return

@@ -38,6 +38,7 @@ from ..durations import Duration
 from ..errors import BrokerAuthError
 from ..names import NAME_PATTERN
 from ..observe.redact import redact
+from ..observe.tracing import SinkSpans, sink_spans
 from ._base import (
     Delivery,
     DeliveryError,
@@ -332,9 +333,12 @@ class BrokerSink(Sink):
         if found is not None:
             log.debug("sink %s: %s", self.name, redact(found))
 
-    def message(self, delivery: Delivery) -> OutgoingMessage:
-        """The message of one event: its document as JSON, its attributes, its key, and
-        the event id as the broker's dedupe key."""
+    def message(
+        self, delivery: Delivery, trace: Mapping[str, str] | None = None
+    ) -> OutgoingMessage:
+        """The message of one event: its document as JSON, its attributes (with the
+        delivery span's ``traceparent`` when tracing is on), its key, and the event id
+        as the broker's dedupe key."""
         document = {**delivery.acklane_fields(), "payload": delivery.payload}
         try:
             text = _JSON.encode(document)
@@ -351,6 +355,7 @@ class BrokerSink(Sink):
                 EVENT_ID_ATTRIBUTE: delivery.event_id,
                 WATCHER_ATTRIBUTE: delivery.watcher,
                 STREAM_ATTRIBUTE: delivery.stream,
+                **(trace or {}),
             },
             dedupe_id=delivery.event_id,
         )
@@ -368,6 +373,12 @@ class BrokerSink(Sink):
         return _sized_key(value)
 
     async def deliver(self, batch: Sequence[Delivery]) -> list[DeliveryResult]:
+        with sink_spans(self, batch) as spans:
+            results = await self._deliver(batch, spans)
+            spans.results(results)
+        return results
+
+    async def _deliver(self, batch: Sequence[Delivery], spans: SinkSpans) -> list[DeliveryResult]:
         await self.open()
         publisher = self._publisher
         assert publisher is not None
@@ -375,7 +386,7 @@ class BrokerSink(Sink):
         pending: list[tuple[int, OutgoingMessage]] = []
         for i, delivery in enumerate(batch):
             try:
-                pending.append((i, self.message(delivery)))
+                pending.append((i, self.message(delivery, spans.carrier(i))))
             except RefusedDelivery as exc:
                 results[i] = exc
         step = publisher.max_batch

@@ -30,6 +30,7 @@ from pydantic import Field, model_validator
 
 from ..durations import Duration
 from ..observe.redact import redact
+from ..observe.tracing import sink_spans
 from ..pipeline.filters import import_object
 from ._base import (
     Delivery,
@@ -164,6 +165,13 @@ class FunctionSink(Sink):
         await self.open()
 
     async def deliver_one(self, delivery: Delivery) -> None:
+        # the function runs in its delivery span's context (a thread copies it): spans
+        # it starts with OpenTelemetry are children of it
+        with sink_spans(self, (delivery,)) as spans, spans.current(0):
+            await self._call(delivery)
+            spans.results((None,))
+
+    async def _call(self, delivery: Delivery) -> None:
         await self.open()
         fn = self._function
         assert fn is not None
