@@ -48,6 +48,10 @@ class EngineSettings(_Settings):
     shutdown_timeout: float = Field(default=30.0, gt=0)
     #: Seconds between two INFO progress lines per stream while running; 0 = none.
     progress_interval: float = Field(default=60.0, ge=0)
+    #: Synchronous filters (declarative, a plain def) evaluated by the poll as it
+    #: broadcasts, with no queue or task per watcher (docs/engine.md); false = each
+    #: watcher runs as an async generator in its own task, as async filters do.
+    inline_filters: bool = True
 
     @field_validator("restart_backoff_max")
     @classmethod

@@ -286,6 +286,37 @@ class EventStore:
         if size >= self._max_batch:
             self._batch_full.set()
 
+    def put_nowait(self, record: EventRecord, seq: int | None = None) -> None:
+        """:meth:`put` without waiting: queued even past ``max_pending`` (a caller that
+        cannot wait, the engine's inline path, waits on :meth:`room` instead, between
+        batches). The same checks, the same errors."""
+        row = encode_record(record)
+        if seq is not None and type(seq) is not int:
+            raise TypeError(f"seq must be an int or None, not {type(seq).__qualname__}")
+        self._raise_unless_accepting()
+        queue = self._queue
+        queue.append((row, seq))
+        self._accepted += 1
+        size = len(queue)
+        if size == 1:
+            self._wakeup.set()
+        if size >= self._max_batch:
+            self._batch_full.set()
+
+    def room(self) -> Awaitable[None] | None:
+        """None while fewer than ``max_pending`` records wait for the writer, else an
+        awaitable that is done once they are fewer (or the store fails or closes)."""
+        if len(self._queue) < self._max_pending:
+            return None
+        return self._wait_for_room()
+
+    async def _wait_for_room(self) -> None:
+        queue = self._queue
+        while len(queue) >= self._max_pending:
+            self._room.clear()
+            await self._room.wait()
+            self._raise_unless_accepting()
+
     def add_commit_listener(self, listener: Callable[[], None]) -> None:
         """Call ``listener()`` on the event loop after each commit that stored new rows
         (a sink dispatcher wakes on it). It must not raise or block."""

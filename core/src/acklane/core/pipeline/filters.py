@@ -28,6 +28,7 @@ from typing import Any, Final
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ..errors import AcklaneError
+from ..manager import Rejected
 from ..message import BodyDecodeError, RawMessage
 from ..trigger import TriggerEvent, reject_shared_stream_event
 
@@ -93,13 +94,6 @@ class FilterSpecError(AcklaneError, ValueError):
         )
 
 
-@dataclass(frozen=True, slots=True)
-class Rejected:
-    """The verdict for a message that must be dead-lettered, with the reason."""
-
-    reason: str
-
-
 _MISSING: Final = object()
 
 
@@ -151,10 +145,35 @@ class _View:
         }
 
 
+# The last message whose body a declarative filter decoded, with the result (or the
+# BodyDecodeError): the inline path evaluates every watcher of a message one after
+# the other, so the body is decoded once for all of them. One tuple, swapped whole.
+# The decoded body is shared: declarative filters only read it, and a stored
+# payload is encoded at once.
+_last_body: tuple[Any, Any, BodyDecodeError | None] = (None, None, None)
+
+
+def _json_body(message: RawMessage) -> Any:
+    """``message.json()``, decoded once for consecutive calls on one message."""
+    global _last_body
+    last = _last_body
+    if last[0] is message:
+        if last[2] is not None:
+            raise last[2]
+        return last[1]
+    try:
+        body = message.json()
+    except BodyDecodeError as exc:
+        _last_body = (message, None, exc)
+        raise
+    _last_body = (message, body, None)
+    return body
+
+
 def _lenient_body(message: RawMessage) -> Any:
     """The body for a filter that accepts non-JSON: JSON, else text, else base64."""
     try:
-        return message.json()
+        return _json_body(message)
     except BodyDecodeError:
         pass
     try:
@@ -502,6 +521,17 @@ class CompiledFilter:
         self._function_kind = function_kind
 
     @property
+    def inline(self) -> bool:
+        """True for a synchronous filter (declarative, a plain ``def``): the engine may
+        evaluate it as it broadcasts (:meth:`evaluate`), with no generator of its own."""
+        return self._function_kind is None or self._function_kind == "plain"
+
+    @property
+    def calls_user_code(self) -> bool:
+        """True for a function filter (it may call ``reject_shared_stream_event``)."""
+        return self._function_kind is not None
+
+    @property
     def takes_over_stream(self) -> bool:
         """True for an async generator function ``fn(stream, watcher)``."""
         return self._function_kind == "stream"
@@ -531,7 +561,7 @@ class CompiledFilter:
         view: _View
         if self.reads_body and self.reject_invalid_json:
             try:
-                view = _View(message, message.json())
+                view = _View(message, _json_body(message))
             except BodyDecodeError as exc:
                 return Rejected(self._prefix(str(exc)))
         else:
@@ -576,7 +606,7 @@ class CompiledFilter:
                     )
                 if decode:
                     try:
-                        view = _View(message, message.json())
+                        view = _View(message, _json_body(message))
                     except BodyDecodeError as exc:
                         reject_shared_stream_event(self._prefix(str(exc)))
                         continue
