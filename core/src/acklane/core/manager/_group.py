@@ -501,14 +501,28 @@ class _Group:
         """
         hooks = sub.inline
         assert hooks is not None
-        sub.current = entry
-        if hooks.windowed and current_window.get() is not sub:
-            current_window.set(sub)
+        windowed = hooks.windowed
+        if windowed:  # the filter may reject through the window itself
+            sub.current = entry
+            if current_window.get() is not sub:
+                current_window.set(sub)
         try:
             verdict = hooks.evaluate(entry.raw)
         except Exception as exc:  # the filter raised on this event: a failed attempt
+            sub.current = entry
             self.force_fail(sub, exc, entry)
             return
+        if not windowed and type(verdict) is list and not verdict:
+            # nothing fires (most evaluations, with many watchers): acked at once, no
+            # window ever opened (resolve(entry, ACKED) inlined)
+            if self.acking and not self.frozen:
+                self.stats.acked += 1
+                remaining = entry.remaining - 1
+                entry.remaining = remaining
+                if remaining == 0 and entry.lane_q[0] is entry:
+                    self._lane_ready(entry)
+            return
+        sub.current = entry
         if type(verdict) is not list:
             if isinstance(verdict, Rejected):
                 if not sub.reject(verdict.reason) and not self.acking:
@@ -532,13 +546,16 @@ class _Group:
             emit = hooks.emit
             bind = self.manager._bind if self.acking else None
             for payload in verdict:
+                if sub.rejected_current:
+                    break  # rejected (by the filter, or a payload that cannot be stored):
+                    # what it returned beyond that is dropped, never bound to it
                 try:
                     emit(payload, None if bind is None else bind(sub, entry))
                 except Exception as exc:  # the emitter's own error, not the message's
                     self.force_fail(sub, exc)
                     return
-                if sub.current is not entry or sub.rejected_current:
-                    break  # rejected (a payload that cannot be stored) or failed by emit
+                if sub.current is not entry:
+                    break  # failed by emit
         if sub.current is not entry:
             return  # failed or closed meanwhile: that resolved it
         if not self.acking:

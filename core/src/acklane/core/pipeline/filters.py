@@ -95,6 +95,8 @@ class FilterSpecError(AcklaneError, ValueError):
 
 
 _MISSING: Final = object()
+#: The verdict "nothing fires" of a declarative filter, shared (never mutated).
+_NOTHING: Final[list[Any]] = []
 
 
 def _dotted(path: ProblemPath) -> str:
@@ -317,12 +319,120 @@ def _make_test(op: str, operand: Any) -> Test:
     raise AssertionError(op)  # pragma: no cover - callers check the operator
 
 
+# -- the compiled form: a condition as one call on (message, decoded body) -------------
+
+#: What a path reads, given the message and its decoded body (_MISSING when no path
+#: of the filter reads the body).
+Getter = Callable[[RawMessage, Any], Any]
+#: A condition, compiled: whether it holds for (message, decoded body).
+Check = Callable[[RawMessage, Any], bool]
+
+
+def _dig(value: Any, parts: tuple[str, ...]) -> Any:
+    """``body.a.0.b``'s walk from the body down (what _Path.get does for the body)."""
+    for part in parts:
+        if isinstance(value, Mapping):
+            value = value.get(part, _MISSING)
+        elif isinstance(value, list) and part.isdigit():
+            index = int(part)
+            value = value[index] if index < len(value) else _MISSING
+        else:
+            return _MISSING
+        if value is _MISSING:
+            return _MISSING
+    return value
+
+
+def _getter(path: _Path) -> Getter:
+    """The path's read as one call: a decoded body is a plain dict (checked by its exact
+    type, no ABC isinstance), whose one-level path is one ``dict.get``."""
+    if path.root != "body":
+        return lambda message, body: path.get(_View(message, body))
+    parts = path.parts
+    if not parts:
+        return lambda message, body: body
+    if len(parts) == 1:
+        (part,) = parts
+
+        def get_one(message: RawMessage, body: Any) -> Any:
+            if type(body) is dict:
+                return body.get(part, _MISSING)
+            return _dig(body, parts)
+
+        return get_one
+    return lambda message, body: _dig(body, parts)
+
+
+def _check(path: _Path, op: str, operand: Any, test: Test) -> Check:
+    """The condition as one call; ``eq`` on a scalar compares exact JSON types directly
+    (what _same decides for them), anything else goes through ``test``."""
+    get = _getter(path)
+    if op == "eq" and path.root == "body" and len(path.parts) == 1 and _plain_scalar(operand):
+        return _eq_field(path.parts, operand)
+    if op == "eq":
+        if operand is None or type(operand) is bool:
+            return lambda message, body: get(message, body) is operand
+        if type(operand) is str:
+
+            def eq_str(message: RawMessage, body: Any) -> bool:
+                value = get(message, body)
+                if type(value) is str:
+                    return bool(value == operand)
+                return value is not _MISSING and _same(value, operand)
+
+            return eq_str
+        if type(operand) is int or type(operand) is float:
+
+            def eq_number(message: RawMessage, body: Any) -> bool:
+                value = get(message, body)
+                kind = type(value)
+                if kind is int or kind is float:
+                    return bool(value == operand)
+                return value is not _MISSING and _same(value, operand)
+
+            return eq_number
+    return lambda message, body: test(get(message, body))
+
+
+def _plain_scalar(value: Any) -> bool:
+    """A str, int, float, bool or None of exactly that type (as YAML gives them)."""
+    return value is None or type(value) in (str, int, float, bool)
+
+
+def _eq_field(parts: tuple[str, ...], operand: Any) -> Check:
+    """``body.<field>: <scalar>``, the commonest condition, as one call: a dict lookup
+    and, when the value has the operand's JSON type, one comparison."""
+    (part,) = parts
+    missing = _MISSING
+    if operand is None or type(operand) is bool:  # compared by identity
+
+        def eq_singleton(message: RawMessage, body: Any) -> bool:
+            if type(body) is dict:
+                return body.get(part, missing) is operand
+            return _dig(body, parts) is operand
+
+        return eq_singleton
+    kinds: tuple[type, ...] = (str,) if type(operand) is str else (int, float)
+
+    def eq(message: RawMessage, body: Any) -> bool:
+        value = body.get(part, missing) if type(body) is dict else _dig(body, parts)
+        if type(value) in kinds:
+            return bool(value == operand)
+        return value is not missing and _same(value, operand)
+
+    return eq
+
+
 @dataclass(frozen=True, slots=True)
 class _Condition:
     path: _Path
     op: str
     operand: Any
     test: Test
+
+    @property
+    def check(self) -> Check:
+        return _check(self.path, self.op, self.operand, self.test)
 
     def holds(self, view: _View) -> bool:
         return self.test(self.path.get(view))
@@ -491,6 +601,7 @@ class CompiledFilter:
     __slots__ = (
         "_conditions",
         "_emit",
+        "_evaluate",
         "_function",
         "_function_kind",
         "_rejects",
@@ -519,6 +630,53 @@ class CompiledFilter:
         self.reject_invalid_json = reject_invalid_json
         self._function = function
         self._function_kind = function_kind
+        self._evaluate: Callable[[RawMessage], list[Any] | Rejected] = (
+            self._compile_declarative() if function_kind is None else self._evaluate_function
+        )
+
+    @property
+    def evaluator(self) -> Callable[[RawMessage], list[Any] | Rejected]:
+        """:meth:`evaluate` as one call, for an engine that calls it per message."""
+        return self._evaluate
+
+    def _compile_declarative(self) -> Callable[[RawMessage], list[Any] | Rejected]:
+        """The declarative filter as one closure: the body decoded once (shared by the
+        watchers that evaluate one message in turn), each condition one call."""
+        rejects = tuple((c.check, c) for c in self._rejects)
+        checks = tuple(c.check for c in self._conditions)
+        emit = self._emit
+        prefix = self._prefix
+        label = self.label or "filter"
+        decode = self.reads_body and self.reject_invalid_json
+        lenient = self.reads_body and not decode
+
+        def evaluate(message: RawMessage) -> list[Any] | Rejected:
+            if not isinstance(message, RawMessage):
+                raise TypeError(f"{label}: expected a RawMessage, got {type(message).__name__}")
+            body: Any
+            if decode:
+                last = _last_body  # _json_body()'s memo, read here: one call less
+                if last[0] is message and last[2] is None:
+                    body = last[1]
+                else:
+                    try:
+                        body = _json_body(message)
+                    except BodyDecodeError as exc:
+                        return Rejected(prefix(str(exc)))
+            elif lenient:
+                body = _lenient_body(message)
+            else:
+                body = _MISSING
+            for check, rule in rejects:
+                if check(message, body):
+                    reason = f"reject rule matched: {rule.describe(_View(message, body))}"
+                    return Rejected(prefix(reason))
+            for check in checks:
+                if not check(message, body):
+                    return _NOTHING
+            return [emit(_View(message, body))]
+
+        return evaluate
 
     @property
     def inline(self) -> bool:
@@ -541,6 +699,10 @@ class CompiledFilter:
 
     def evaluate(self, message: RawMessage) -> list[Any] | Rejected:
         """The verdict for one message (declarative filters and plain sync functions)."""
+        return self._evaluate(message)
+
+    def _evaluate_function(self, message: RawMessage) -> list[Any] | Rejected:
+        """The verdict of a plain sync function filter (an async one cannot give one)."""
         kind = self._function_kind
         if kind == "plain":
             assert self._function is not None
@@ -550,29 +712,9 @@ class CompiledFilter:
                 if self.reject_invalid_json:
                     return Rejected(self._prefix(str(exc)))
                 raise
-        if kind is not None:
-            raise TypeError(
-                f"{self.label or 'filter'}: an async filter cannot be evaluated synchronously"
-            )
-        if not isinstance(message, RawMessage):
-            raise TypeError(
-                f"{self.label or 'filter'}: expected a RawMessage, got {type(message).__name__}"
-            )
-        view: _View
-        if self.reads_body and self.reject_invalid_json:
-            try:
-                view = _View(message, _json_body(message))
-            except BodyDecodeError as exc:
-                return Rejected(self._prefix(str(exc)))
-        else:
-            view = _View(message)
-        for rule in self._rejects:
-            if rule.holds(view):
-                return Rejected(self._prefix(f"reject rule matched: {rule.describe(view)}"))
-        for condition in self._conditions:
-            if not condition.holds(view):
-                return []
-        return [self._emit(view)]
+        raise TypeError(
+            f"{self.label or 'filter'}: an async filter cannot be evaluated synchronously"
+        )
 
     async def _evaluate_async(self, message: RawMessage) -> list[Any] | Rejected:
         assert self._function is not None
@@ -594,36 +736,17 @@ class CompiledFilter:
                     yield item if isinstance(item, TriggerEvent) else TriggerEvent(item)
             return
         if self._function_kind is None:
-            # declarative: evaluate() inlined (once per message), in this generator
-            rejects, conditions, emit = self._rejects, self._conditions, self._emit
-            decode = self.reads_body and self.reject_invalid_json
-            view: _View
+            # declarative: the compiled verdict, in this generator
+            evaluate = self._evaluate
             async for message in stream:
-                if not isinstance(message, RawMessage):
-                    raise TypeError(
-                        f"{self.label or 'filter'}: expected a RawMessage, "
-                        f"got {type(message).__name__}"
-                    )
-                if decode:
-                    try:
-                        view = _View(message, _json_body(message))
-                    except BodyDecodeError as exc:
-                        reject_shared_stream_event(self._prefix(str(exc)))
-                        continue
-                else:
-                    view = _View(message)
-                for rule in rejects:
-                    if rule.holds(view):
-                        reason = f"reject rule matched: {rule.describe(view)}"
-                        reject_shared_stream_event(self._prefix(reason))
-                        break
-                else:
-                    for condition in conditions:
-                        if not condition.holds(view):
-                            break
-                    else:
-                        event = emit(view)
+                verdict = evaluate(message)
+                if type(verdict) is list:
+                    if verdict:
+                        event = verdict[0]
                         yield event if isinstance(event, TriggerEvent) else TriggerEvent(event)
+                else:
+                    assert isinstance(verdict, Rejected)
+                    reject_shared_stream_event(verdict.reason)
             return
         asynchronous = self._function_kind == "async"
         async for message in stream:
