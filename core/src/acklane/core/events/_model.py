@@ -73,16 +73,23 @@ def encode_record(record: EventRecord) -> EncodedRow:
     """
     if not isinstance(record, EventRecord):
         raise TypeError(f"EventStore.put() takes an EventRecord, not {type(record).__qualname__}")
-    trigger_id = record.trigger_id
+    return encode_fields(
+        record.trigger_id, record.stream_key, record.payload, record.message_id, record.position
+    )
+
+
+def encode_fields(
+    trigger_id: str, stream_key: str, payload: Any, message_id: str | None, position: int
+) -> EncodedRow:
+    """:func:`encode_record` of a record's fields, without the record (the same checks)."""
     # A watcher puts every event with the same two: checked once (while they are
     # exact strs, so that the lookup itself cannot fail), then found here.
-    pair = (trigger_id, record.stream_key)
-    stream_key = (
-        _CHECKED_PAIRS.get(pair) if type(trigger_id) is str and type(pair[1]) is str else None
+    pair = (trigger_id, stream_key)
+    storable_key = (
+        _CHECKED_PAIRS.get(pair) if type(trigger_id) is str and type(stream_key) is str else None
     )
-    if stream_key is None:
-        stream_key = _check_pair(trigger_id, record.stream_key)
-    message_id = record.message_id
+    if storable_key is None:
+        storable_key = _check_pair(trigger_id, stream_key)
     if message_id is not None:
         if not isinstance(message_id, str):
             raise TypeError(
@@ -90,13 +97,11 @@ def encode_record(record: EventRecord) -> EncodedRow:
                 f"not {type(message_id).__qualname__}"
             )
         message_id = storable_message_id(message_id)
-    position = record.position
     if type(position) is not int or not 0 <= position <= _MAX_POSITION:
         raise ValueError(
             f"trigger {trigger_id!r}: position must be an int in [0, {_MAX_POSITION}], "
             f"not {position!r}"
         )
-    payload = record.payload
     # Only JSON values are stored, exactly: a read gives back what was put. Checked
     # first, since both encoders quietly take more (tuples as arrays, int keys as
     # strings; msgspec also NaN as null, datetimes, dataclasses...).
@@ -115,7 +120,7 @@ def encode_record(record: EventRecord) -> EncodedRow:
             text = _ENCODER.encode(payload)
         except (TypeError, ValueError, RecursionError):
             _payload_error(trigger_id, payload)
-    return (trigger_id, stream_key, text, message_id, position)
+    return (trigger_id, storable_key, text, message_id, position)
 
 
 # (trigger_id, stream_key) already checked -> the storable stream key. Bounded.

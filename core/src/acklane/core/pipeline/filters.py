@@ -601,6 +601,7 @@ class CompiledFilter:
     __slots__ = (
         "_conditions",
         "_emit",
+        "_emit_body",
         "_evaluate",
         "_function",
         "_function_kind",
@@ -621,8 +622,10 @@ class CompiledFilter:
         reject_invalid_json: bool = True,
         function: Callable[..., Any] | None = None,
         function_kind: str | None = None,
+        emit_body: bool = False,
     ) -> None:
         self.label = label
+        self._emit_body = emit_body  # emit is the decoded body itself (the default)
         self._conditions = tuple(conditions)
         self._rejects = tuple(rejects)
         self._emit = emit
@@ -645,6 +648,7 @@ class CompiledFilter:
         rejects = tuple((c.check, c) for c in self._rejects)
         checks = tuple(c.check for c in self._conditions)
         emit = self._emit
+        emit_body = self._emit_body
         prefix = self._prefix
         label = self.label or "filter"
         decode = self.reads_body and self.reject_invalid_json
@@ -674,6 +678,8 @@ class CompiledFilter:
             for check in checks:
                 if not check(message, body):
                     return _NOTHING
+            if emit_body and body is not _MISSING:
+                return [body]
             return [emit(_View(message, body))]
 
         return evaluate
@@ -808,6 +814,7 @@ def compile_filter(
         emit=emit,
         reads_body=reads_body or reject_invalid_json,
         reject_invalid_json=reject_invalid_json,
+        emit_body=spec.emit is None or spec.emit == "body",
     )
 
 
