@@ -482,14 +482,48 @@ class _Group:
         decoded once serves them all). A member failed on the way resolves the run's
         later entries as failed (they counted it); a failed group stops it all."""
         deliver = self._deliver_inline
+        verdict_of = self._inline_verdict
+        stats = self.stats
+        # (member, its evaluate) for the members evaluated here directly: not windowed
+        plain = [
+            (sub, sub.inline.evaluate)
+            for sub in inline
+            if sub.inline is not None and not sub.inline.windowed
+        ]
+        windowed = [sub for sub in inline if sub.inline is not None and sub.inline.windowed]
         for entry in entries:
-            for sub in inline:
+            raw = entry.raw
+            empty = 0  # members on which nothing fired: acked together, after the loop
+            for sub, evaluate in plain:
+                if sub.failure is not None or sub.closed:
+                    self.resolve(entry, FAILED)
+                    continue
+                try:
+                    verdict = evaluate(raw)
+                except Exception as exc:  # the filter raised on this event
+                    sub.current = entry
+                    self.force_fail(sub, exc, entry)
+                    continue
+                if type(verdict) is list and not verdict:
+                    empty += 1
+                else:
+                    verdict_of(sub, entry, verdict)
+                    if self.frozen:
+                        return  # its emit failed the group: nothing more
+            for sub in windowed:
                 if sub.failure is None and not sub.closed:
                     deliver(sub, entry)
                 else:
                     self.resolve(entry, FAILED)
             if self.frozen:
                 return
+            if empty:
+                # resolve(entry, ACKED) for each of them, at once
+                stats.acked += empty
+                remaining = entry.remaining - empty
+                entry.remaining = remaining
+                if remaining == 0 and entry.lane_q[0] is entry:
+                    self._lane_ready(entry)
 
     def _deliver_inline(self, sub: _Subscriber, entry: _Entry) -> None:
         """One inline member takes one raw event: the window opens, the filter runs, each
@@ -522,6 +556,13 @@ class _Group:
                 if remaining == 0 and entry.lane_q[0] is entry:
                     self._lane_ready(entry)
             return
+        self._inline_verdict(sub, entry, verdict)
+
+    def _inline_verdict(self, sub: _Subscriber, entry: _Entry, verdict: Any) -> None:
+        """What an inline member's filter decided on ``entry``, applied: rejected, or
+        each payload bound and emitted, then the window closed."""
+        hooks = sub.inline
+        assert hooks is not None
         sub.current = entry
         if type(verdict) is not list:
             if isinstance(verdict, Rejected):

@@ -423,6 +423,36 @@ def _eq_field(parts: tuple[str, ...], operand: Any) -> Check:
     return eq
 
 
+def _eq_field_filter(
+    part: str, operand: Any, prefix: Callable[[str], str], label: str
+) -> Callable[[RawMessage], list[Any] | Rejected]:
+    """The whole of ``match: {body.<field>: <str or number>}`` (emitting the body) as one
+    call: what :meth:`CompiledFilter._compile_declarative`'s closure and
+    :func:`_eq_field` decide, fused (the commonest routing filter: one per watcher)."""
+    missing = _MISSING
+    parts = (part,)
+    kinds: tuple[type, ...] = (str,) if type(operand) is str else (int, float)
+    nothing = _NOTHING
+
+    def evaluate(message: RawMessage) -> list[Any] | Rejected:
+        if not isinstance(message, RawMessage):
+            raise TypeError(f"{label}: expected a RawMessage, got {type(message).__name__}")
+        last = _last_body
+        if last[0] is message and last[2] is None:
+            body = last[1]
+        else:
+            try:
+                body = _json_body(message)
+            except BodyDecodeError as exc:
+                return Rejected(prefix(str(exc)))
+        value = body.get(part, missing) if type(body) is dict else _dig(body, parts)
+        if type(value) in kinds:
+            return [body] if value == operand else nothing
+        return [body] if value is not missing and _same(value, operand) else nothing
+
+    return evaluate
+
+
 @dataclass(frozen=True, slots=True)
 class _Condition:
     path: _Path
@@ -654,6 +684,10 @@ class CompiledFilter:
         decode = self.reads_body and self.reject_invalid_json
         lenient = self.reads_body and not decode
 
+        field = self._single_eq_field()
+        if field is not None and decode and not rejects and emit_body:
+            return _eq_field_filter(field[0], field[1], prefix, label)
+
         def evaluate(message: RawMessage) -> list[Any] | Rejected:
             if not isinstance(message, RawMessage):
                 raise TypeError(f"{label}: expected a RawMessage, got {type(message).__name__}")
@@ -683,6 +717,21 @@ class CompiledFilter:
             return [emit(_View(message, body))]
 
         return evaluate
+
+    def _single_eq_field(self) -> tuple[str, Any] | None:
+        """(field, operand) when the filter's one condition is ``body.<field>: <scalar>``."""
+        if len(self._conditions) != 1:
+            return None
+        c = self._conditions[0]
+        operand = c.operand
+        if (
+            c.op == "eq"
+            and c.path.root == "body"
+            and len(c.path.parts) == 1
+            and type(operand) in (str, int, float)
+        ):
+            return c.path.parts[0], operand
+        return None
 
     @property
     def inline(self) -> bool:
