@@ -426,8 +426,8 @@ class _Group:
                     if inline:
                         for sub in inline:
                             self._deliver_inline(sub, entry)
-                        if self.frozen:
-                            return  # an inline member failed the group: nothing more
+                            if self.frozen:
+                                return  # an inline member failed the group: nothing more
                     if filled and self.pausing:
                         await self._wait_for_room(maxq)
                         now = _monotonic()
@@ -503,6 +503,8 @@ class _Group:
                 except Exception as exc:  # the filter raised on this event
                     sub.current = entry
                     self.force_fail(sub, exc, entry)
+                    if self.frozen:
+                        return  # the failure failed the group (the runner's observer)
                     continue
                 if type(verdict) is list and not verdict:
                     empty += 1
@@ -513,10 +515,10 @@ class _Group:
             for sub in windowed:
                 if sub.failure is None and not sub.closed:
                     deliver(sub, entry)
+                    if self.frozen:
+                        return
                 else:
                     self.resolve(entry, FAILED)
-            if self.frozen:
-                return
             if empty:
                 # resolve(entry, ACKED) for each of them, at once
                 stats.acked += empty
