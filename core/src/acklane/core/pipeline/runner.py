@@ -200,9 +200,7 @@ class _Cohort:
         inline = self.runner.config.engine.inline_filters
         tasks = [
             asyncio.create_task(
-                self._watch_inline(w, first)
-                if inline and w.compiled_filter.inline
-                else self._watch(w, first),
+                self._watch_inline(w, first) if inline and w.inline else self._watch(w, first),
                 name=f"acklane-watcher-{w.name}",
             )
             for w in self.watchers
