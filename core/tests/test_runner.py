@@ -331,3 +331,46 @@ def test_validate_names_file_line_and_field(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert "bad.yaml:4" in proc.stderr
     assert "stream" in proc.stderr
+
+
+async def test_an_inline_watchers_store_error_restarts_the_cohort_and_loses_nothing(
+    tmp_path: Path, broker: MemoryBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The inline path's emit: the store refusing an event (not for its content) fails
+    # the group while the watcher is subscribed (nothing advanced without it); the
+    # cohort restarts, the broker redelivers, the store drops what it already had.
+    refused: list[int] = []
+    put = EventStore.put_event_nowait
+
+    def flaky_put(
+        self: EventStore, trigger_id: str, stream_key: str, payload: Any, *rest: Any
+    ) -> None:
+        if trigger_id == "all" and payload["id"] == 3 and not refused:
+            refused.append(3)
+            raise RuntimeError("the event store is broken")
+        put(self, trigger_id, stream_key, payload, *rest)
+
+    monkeypatch.setattr(EventStore, "put_event_nowait", flaky_put)
+    db = tmp_path / "e.db"
+    cfg = _config(
+        db,
+        broker.name,
+        """\
+        - name: all
+          stream: orders
+          filter: {emit: {id: body.id}}
+        - name: odd
+          stream: orders
+          filter: {match: {body.odd: true}, emit: {id: body.id}}
+        """,
+    )
+    _publish(broker, [{"id": i, "odd": i % 2 == 1} for i in range(10)])
+    runner = Runner(cfg, handle_signals=False)
+    restarts: list[BaseException] = []
+    runner.observer.cohort_failed = lambda key, error, delay: restarts.append(error)  # type: ignore[method-assign]
+    await run_until(runner, lambda: all_committed(broker))
+    assert refused == [3]
+    assert restarts and "the event store is broken" in str(restarts[0])
+    events = await _stored(db)
+    by = {w: sorted(e.payload["id"] for e in events if e.trigger_id == w) for w in ("all", "odd")}
+    assert by == {"all": list(range(10)), "odd": [1, 3, 5, 7, 9]}
