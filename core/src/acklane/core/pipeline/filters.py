@@ -669,7 +669,9 @@ class CompiledFilter:
 
     @property
     def evaluator(self) -> Callable[[RawMessage], list[Any] | Rejected]:
-        """:meth:`evaluate` as one call, for an engine that calls it per message."""
+        """:meth:`evaluate` as one call, for an engine that calls it per message; the
+        lists it returns are the caller's to read, not to change (an empty one is
+        shared)."""
         return self._evaluate
 
     def _compile_declarative(self) -> Callable[[RawMessage], list[Any] | Rejected]:
@@ -754,7 +756,8 @@ class CompiledFilter:
 
     def evaluate(self, message: RawMessage) -> list[Any] | Rejected:
         """The verdict for one message (declarative filters and plain sync functions)."""
-        return self._evaluate(message)
+        verdict = self._evaluate(message)
+        return [] if verdict is _NOTHING else verdict  # a list of the caller's own
 
     def _evaluate_function(self, message: RawMessage) -> list[Any] | Rejected:
         """The verdict of a plain sync function filter (an async one cannot give one)."""
