@@ -6,6 +6,8 @@ next to a bare fan-out baseline (N asyncio queues, no bookkeeping) measured in t
 same process, and the engine's ratio to it.
 
     uv run python bench/engine.py                 # the full table
+    uv run python bench/engine.py --subscribers "" --stores "" --skip-memory-check \
+        --declarative 1,20                        # declarative watchers only
     uv run python bench/engine.py --subscribers 20 --deliveries 200000 --stores memory
     (stores: memory, sqlite, postgres; PostgreSQL at ACKLANE_BENCH_PG_URL, default
     postgresql://postgres@127.0.0.1:5432/test, in a schema made and dropped per run)
@@ -30,10 +32,14 @@ from urllib.parse import quote
 from acklane.core import (
     AdvanceItem,
     BaseEventTrigger,
+    RawMessage,
     SharedStreamManager,
     SharedStreamProducer,
     TriggerEvent,
 )
+from acklane.core.manager import BoundEvent
+from acklane.core.pipeline.filters import CompiledFilter, compile_filter
+from acklane.core.producer import LaneBatch
 
 BATCH = 256  # raw events per upstream poll, like a broker client's batch
 
@@ -77,6 +83,127 @@ class BenchTrigger(BaseEventTrigger):
     async def filter_shared_stream(self, stream: AsyncIterator[Any]) -> AsyncIterator[TriggerEvent]:
         async for raw in stream:
             yield TriggerEvent(raw)
+
+
+class DeclarativeProducer(SharedStreamProducer):
+    """JSON messages ``{"n": i, "k": i % 20}`` in LaneBatches of BATCH, as Kafka hands
+    out a fetch (four lanes, in turn)."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.advanced = 0
+        self.done = asyncio.Event()
+        self.messages = [
+            RawMessage(body=b'{"n": %d, "k": %d}' % (i, i % 20), message_id=str(i))
+            for i in range(total)
+        ]
+
+    async def open_stream(self) -> AsyncIterator[tuple[Any, Any]]:
+        raise AssertionError("open_batches is preferred")
+        yield  # pragma: no cover
+
+    def open_batches(self) -> AsyncIterator[Any] | None:
+        return self._batches()
+
+    async def _batches(self) -> AsyncIterator[Any]:
+        for start in range(0, self.total, BATCH):
+            chunk = self.messages[start : start + BATCH]
+            yield LaneBatch((start // BATCH) % 4, [(m, m) for m in chunk])
+            await asyncio.sleep(0)
+        await asyncio.Event().wait()
+
+    async def advance(self, batch: Sequence[AdvanceItem]) -> None:
+        self.advanced += len(batch)
+        if self.advanced >= self.total:
+            self.done.set()
+
+    def get_advance_lane(self, broker_payload: Any) -> Hashable:
+        return int(broker_payload.message_id) // BATCH % 4
+
+    def message_id(self, broker_payload: Any) -> str | None:
+        return str(broker_payload.message_id)
+
+
+DECLARATIVE: dict[str, DeclarativeProducer] = {}
+
+
+class DeclarativeTrigger(BaseEventTrigger):
+    """A YAML-style watcher: its compiled filter, run as a generator or inline."""
+
+    def __init__(self, run: str, spec: dict[str, Any]) -> None:
+        self.run = run
+        self.spec = spec
+        self.compiled: CompiledFilter = compile_filter(spec)
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (f"{type(self).__module__}.{type(self).__qualname__}", {"run": self.run})
+
+    def shared_stream_key(self) -> Hashable:
+        return ("declarative", self.run)
+
+    @classmethod
+    def create_shared_stream_producer(cls, kwargs: dict[str, Any]) -> SharedStreamProducer:
+        return DECLARATIVE[kwargs["run"]]
+
+    async def filter_shared_stream(self, stream: AsyncIterator[Any]) -> AsyncIterator[TriggerEvent]:
+        async for event in self.compiled.run(stream, self):
+            yield event
+
+
+async def declarative_run(n: int, total: int, inline: bool) -> tuple[float, float]:
+    """Filter evaluations/s and CPU ns per evaluation of ``n`` declarative watchers (one:
+    no match, the body emitted; several: watcher i matches ``body.k == i``), each
+    event confirmed at once."""
+    run = f"decl-{n}-{inline}-{uuid.uuid4().hex[:6]}"
+    producer = DECLARATIVE[run] = DeclarativeProducer(total)
+    manager = SharedStreamManager(max_subscriber_queue=1024, ack_timeout=300.0)
+    confirm = manager.confirm_persisted
+    triggers = [
+        DeclarativeTrigger(run, {} if n == 1 else {"match": {"body.k": i}}) for i in range(n)
+    ]
+    key = triggers[0].shared_stream_key()
+
+    def emit(_payload: Any, bound: BoundEvent | None) -> None:
+        if bound is not None:
+            confirm((bound.seq,))
+
+    async def watch(i: int, trigger: DeclarativeTrigger) -> None:
+        tid = f"w{i}"
+        if inline:
+            sub = manager.inline_subscription(
+                trigger_id=tid,
+                trigger=trigger,
+                key=key,
+                evaluate=trigger.compiled.evaluator,
+                emit=emit,
+            )
+            try:
+                await sub.wait()
+            finally:
+                await sub.aclose()
+            return
+        bind = manager.bind_event
+        subscription = manager.subscription(trigger_id=tid, trigger=trigger, key=key)
+        try:
+            async for _event in subscription.events:
+                bound = bind(trigger_id=tid, key=key)
+                if bound is not None:
+                    confirm((bound.seq,))
+        finally:
+            await subscription.aclose()
+
+    gc.collect()
+    started, cpu = time.perf_counter(), time.process_time()
+    async with asyncio.TaskGroup() as tg:
+        tasks = [tg.create_task(watch(i, t)) for i, t in enumerate(triggers)]
+        await producer.done.wait()
+        seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
+        for task in tasks:
+            task.cancel()
+    await manager.stop_all()
+    del DECLARATIVE[run]
+    evaluations = total * n
+    return evaluations / seconds, cpu / evaluations * 1e9
 
 
 class RssSampler:
@@ -236,9 +363,15 @@ async def main() -> None:
     parser.add_argument("--deliveries", type=int, default=1_000_000)
     parser.add_argument("--stores", default="memory,sqlite,postgres")
     parser.add_argument("--skip-memory-check", action="store_true")
+    parser.add_argument(
+        "--declarative",
+        default="1,20",
+        help="numbers of declarative watchers, inline and as generators ('' for none)",
+    )
+    parser.add_argument("--messages", type=int, default=100_000, help="for --declarative")
     args = parser.parse_args()
-    sizes = [int(x) for x in args.subscribers.split(",")]
-    stores = args.stores.split(",")
+    sizes = [int(x) for x in args.subscribers.split(",") if x]
+    stores = [x for x in args.stores.split(",") if x]
     print(
         f"python {sys.version.split()[0]}; ack mode, 1 trigger event per raw event; "
         f"upstream batch {BATCH}; queue 1024"
@@ -260,6 +393,19 @@ async def main() -> None:
                 f"{bare:>12,.0f} {r['deliveries_s'] / bare:>6.2f} {r['p50_ms']:>8.2f} "
                 f"{r['p99_ms']:>8.2f} {r['peak_rss_mb']:>11.1f}"
             )
+    declarative = [int(x) for x in args.declarative.split(",") if x]
+    if declarative:
+        print(
+            f"\ndeclarative watchers, {args.messages:,} JSON messages in batches of {BATCH}, "
+            "each event confirmed at once (one watcher: every message fires; twenty: "
+            "watcher i matches body.k == i)"
+        )
+        print(f"{'watchers':>8} {'path':>9} {'evaluations/s':>14} {'CPU ns/evaluation':>18}")
+        for n in declarative:
+            for inline in (False, True):
+                rate, ns = await declarative_run(n, args.messages, inline)
+                path = "inline" if inline else "generator"
+                print(f"{n:>8} {path:>9} {rate:>14,.0f} {ns:>18,.0f}", flush=True)
     if not args.skip_memory_check:
         n = 20
         small, large = 2_000, 8_000

@@ -15,14 +15,24 @@ when its group has committed every message:
   partition every 500 records: what the connector itself costs;
 - engine:   ``SharedStreamManager`` with N watchers sharing one consumer
   (``KafkaMessageTrigger``), each yielding one trigger event per message that is
-  confirmed persisted at once (the event store is measured in bench/event_store.py).
+  confirmed persisted at once (the event store is measured in bench/event_store.py):
+  the generator path, Airflow's shape;
+- declarative: N YAML-style watchers (``WatcherTrigger`` with a ``filter:`` block,
+  as ``acklane run`` builds them), inline (the group evaluates them as it
+  broadcasts, as the runner does) and, to compare, on the generator path
+  (``engine.inline_filters: false``). One watcher: no ``match``, each message
+  decoded and emitted (one trigger event per message); N watchers: watcher i
+  matches ``body.k == i`` (each message fires one watcher of twenty, every watcher
+  evaluates every message). Each event confirmed at once, as above.
 
 The clock starts at the first message each consumer receives (a consumer group
 join is not throughput) and stops when the last commit returned (the fan-out: when
 every queue is drained). Each consumer runs ``--repeat`` times, interleaved, and
 its best run is shown, with its ratio to the API floor. Targets, checked at the end
-(PASS/MISS): one watcher at least 0.5 of the API floor; 20 watchers at least
-700,000 deliveries/s (messages x watchers) or 0.6 of the bare fan-out.
+(PASS/MISS): the generator path with one watcher at least 0.5 of the API floor, with
+20 at least 700,000 deliveries/s (messages x watchers) or 0.6 of the bare fan-out;
+one declarative watcher at least 1.0 of the API floor; twenty declarative watchers
+at least 1,000,000 filter evaluations/s (messages x watchers).
 
     uv run python bench/kafka.py
     uv run python bench/kafka.py --messages 50000 --partitions 8 --watchers 1 5 20
@@ -47,7 +57,8 @@ from acklane.connectors.kafka import (
     KafkaMessageTrigger,
     KafkaStreamProducer,
 )
-from acklane.core.manager import SharedStreamManager
+from acklane.core.manager import BoundEvent, SharedStreamManager
+from acklane.core.pipeline.watcher import WatcherTrigger
 from acklane.core.producer import AdvanceItem
 from acklane.core.testing import CLEAN
 from acklane.core.trigger import TriggerEvent
@@ -57,6 +68,9 @@ from acklane.integration.kafka import KafkaKit
 TARGET_FLOOR_RATIO = 0.5  # engine with 1 watcher / API floor
 TARGET_DELIVERIES = 700_000  # deliveries/s with 20 watchers ...
 TARGET_FANOUT_RATIO = 0.6  # ... or this much of the bare fan-out
+TARGET_DECLARATIVE_RATIO = 1.0  # one declarative watcher (inline) / API floor
+TARGET_EVALUATIONS = 1_000_000  # filter evaluations/s with 20 declarative watchers
+KEYS = 20  # each message's "k" is its number modulo this
 BATCH = 500
 
 
@@ -81,7 +95,8 @@ class Result:
 def fill(kit: KafkaKit, partitions: int, total: int, pad: int = 0) -> str:
     """A topic holding ``total`` JSON messages spread over ``partitions``.
 
-    Each is ``{"n": i}`` (about 10 bytes), plus a ``"pad"`` string of ``pad`` bytes.
+    Each is ``{"n": i, "k": i % 20}`` (about 20 bytes), plus a ``"pad"`` string of
+    ``pad`` bytes.
     """
     topic = kit.new_topic("bench", partitions=partitions)
     producer = Producer({"bootstrap.servers": kit.bootstrap_servers, "linger.ms": 20})
@@ -89,7 +104,7 @@ def fill(kit: KafkaKit, partitions: int, total: int, pad: int = 0) -> str:
     for i in range(total):
         while True:
             try:
-                value = b'{"n": %d%s}' % (i, padding)
+                value = b'{"n": %d, "k": %d%s}' % (i, i % KEYS, padding)
                 producer.produce(topic, value=value, partition=i % partitions)
                 break
             except BufferError:
@@ -338,12 +353,110 @@ async def through_engine(kit: KafkaKit, topic: str, total: int, watchers: int) -
     return Result(name, total, finished - started, watchers)
 
 
+def declarative_watchers(fields: dict[str, Any], n: int) -> list[WatcherTrigger]:
+    """``n`` watchers as ``acklane run`` builds them from YAML: one emits every message's
+    body; of several, watcher i matches ``body.k == i``."""
+    return [
+        WatcherTrigger(
+            name=f"d{i}",
+            stream="bench",
+            connector="kafka",
+            connector_config=fields,
+            filter_spec={} if n == 1 else {"match": {"body.k": i}},
+        )
+        for i in range(n)
+    ]
+
+
+async def through_declarative(
+    kit: KafkaKit, topic: str, total: int, watchers: int, inline: bool
+) -> Result:
+    """Declarative watchers under the engine, inline or on the generator path."""
+    advanced = 0
+    done = asyncio.Event()
+
+    def on_advance(_key: Hashable, batch: Sequence[AdvanceItem]) -> None:
+        nonlocal advanced
+        advanced += len(batch)
+        if advanced >= total:
+            done.set()
+
+    manager = SharedStreamManager(max_subscriber_queue=1024, on_advance=on_advance)
+    fields = engine_config(kit, topic, "bench-declarative").model_dump(exclude_defaults=True)
+    triggers = declarative_watchers(fields, watchers)
+    confirm = manager.confirm_persisted
+    first_pull: float | None = None
+
+    def emit(_payload: Any, bound: BoundEvent | None) -> None:
+        if bound is not None:
+            confirm((bound.seq,))
+
+    def timing(evaluate: Any) -> Any:
+        # the clock starts at the first message evaluated (not at the group join)
+        def first(raw: Any) -> Any:
+            nonlocal first_pull
+            if first_pull is None:
+                first_pull = time.perf_counter()
+            return evaluate(raw)
+
+        return first
+
+    async def watch(trigger: WatcherTrigger) -> None:
+        nonlocal first_pull
+        key = trigger.shared_stream_key()
+        tid = trigger.name
+        if inline:
+            evaluate = trigger.compiled_filter.evaluate
+            subscription = manager.inline_subscription(
+                trigger_id=tid,
+                trigger=trigger,
+                key=key,
+                evaluate=timing(evaluate) if trigger is triggers[0] else evaluate,
+                emit=emit,
+            )
+            try:
+                await subscription.wait()
+            finally:
+                await subscription.aclose()
+            return
+        bind = manager.bind_event
+        generator = manager.subscription(trigger_id=tid, trigger=trigger, key=key)
+        try:
+            async for _event in generator.events:
+                if first_pull is None:  # the clock starts at the first event
+                    first_pull = time.perf_counter()
+                bound = bind(trigger_id=tid, key=key)
+                if bound is not None:
+                    confirm((bound.seq,))
+        finally:
+            await generator.aclose()
+
+    async with asyncio.TaskGroup() as tg:
+        tasks = [tg.create_task(watch(t)) for t in triggers]
+        await done.wait()
+        finished = time.perf_counter()
+        for task in tasks:
+            task.cancel()
+    await manager.stop_all()
+    assert first_pull is not None
+    path = "inline" if inline else "generator"
+    name = f"declarative {watchers}, {path}"
+    return Result(name, total, finished - first_pull, watchers)
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--messages", type=int, default=100_000)
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--watchers", type=int, nargs="+", default=[1, 20])
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument(
+        "--declarative",
+        type=int,
+        nargs="*",
+        default=[1, 20],
+        help="numbers of declarative watchers to run, inline and on the generator path",
+    )
     parser.add_argument(
         "--pad",
         type=int,
@@ -375,6 +488,9 @@ async def main() -> None:
                 if n > 1:
                     runs.append(await timed(bare_fanout(kit, topic, total, n)))
                 runs.append(await timed(through_engine(kit, topic, total, n)))
+            for n in args.declarative:
+                for inline in (False, True):
+                    runs.append(await timed(through_declarative(kit, topic, total, n, inline)))
             for r in runs:
                 if r.name not in best or r.rate > best[r.name].rate:
                     best[r.name] = r
@@ -402,6 +518,20 @@ async def main() -> None:
         print(
             f"{'PASS' if ratio >= TARGET_FLOOR_RATIO else 'MISS'} engine, 1 watcher / API floor "
             f"= {ratio:.2f} (target >= {TARGET_FLOOR_RATIO})"
+        )
+    one_d = best.get("declarative 1, inline")
+    if one_d is not None:
+        ratio = one_d.rate / floor.rate
+        print(
+            f"{'PASS' if ratio >= TARGET_DECLARATIVE_RATIO else 'MISS'} one declarative "
+            f"watcher (inline) / API floor = {ratio:.2f} (target >= {TARGET_DECLARATIVE_RATIO})"
+        )
+    many_d = best.get("declarative 20, inline")
+    if many_d is not None:
+        print(
+            f"{'PASS' if many_d.deliveries >= TARGET_EVALUATIONS else 'MISS'} twenty "
+            f"declarative watchers (inline): {many_d.deliveries:,.0f} filter evaluations/s "
+            f"(target >= {TARGET_EVALUATIONS:,})"
         )
     many = best.get("engine, 20 watchers")
     fanout = best.get("bare fan-out, 20 tasks")

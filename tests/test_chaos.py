@@ -61,6 +61,30 @@ def test_sigkilled_runner_loses_no_event_and_stores_none_twice(
     assert not result.problems, result.explain()
 
 
+def test_sigkilled_runner_on_the_generator_path_loses_no_event(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """The same chaos with ``engine.inline_filters: false`` (each declarative watcher a
+    generator in its own task), on Kafka: both filter paths survive the kills."""
+    emulator = request.getfixturevalue("kafka_emulator")
+    seed = chaos_seed()
+    result = chaos.run_broker(
+        "kafka",
+        emulator,
+        messages=MESSAGES,
+        kills=KILLS,
+        seed=seed,
+        timeout=RUN_TIMEOUT,
+        workdir=tmp_path,
+        inline_filters=False,
+    )
+    print(result.line())
+    print(result.explain(log=False))
+    assert result.kills == KILLS
+    assert (result.lost, result.dup, result.dlq_missing) == (0, 0, 0), result.explain()
+    assert not result.problems, result.explain()
+
+
 @pytest.mark.parametrize("broker", sorted(chaos.ADAPTERS))
 def test_sigkilled_runner_delivers_every_event_to_a_webhook_sink(
     broker: str, request: pytest.FixtureRequest, tmp_path: Path

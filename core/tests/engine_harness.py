@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Iterable, Sequence
 from typing import Any
 
@@ -19,6 +20,7 @@ from acklane.core import (
     TriggerEvent,
     reject_shared_stream_event,
 )
+from acklane.core.manager import BoundEvent, Rejected
 
 END = object()
 
@@ -136,15 +138,40 @@ class FakeProducer(SharedStreamProducer):
             raise self.up.aclose_error
 
 
-Behavior = Callable[[Any], Awaitable[list[Any] | str]]
+Behavior = Callable[[Any], Awaitable[list[Any] | str] | list[Any] | str]
+
+
+def _is_async(behavior: Any) -> bool:
+    """An async function, or an object whose ``__call__`` is one (a Gate)."""
+    return inspect.iscoroutinefunction(behavior) or isinstance(behavior, Gate)
 
 
 class AckTrigger(BaseEventTrigger):
-    """Ack mode. ``behavior(raw)`` returns the payloads to yield, or "reject"."""
+    """Ack mode. ``behavior(raw)`` returns the payloads to yield, or "reject" (sync or async).
+
+    With a synchronous behavior (or none) it is also a pure filter: :meth:`evaluate` is
+    what an inline subscription runs (``Watcher.inline_mode``).
+    """
 
     def __init__(self, upstream: str, behavior: Behavior | None = None) -> None:
         self.upstream = upstream
         self._behavior = behavior
+
+    @property
+    def inline_capable(self) -> bool:
+        """The filter is pure: the stock one, with a synchronous behavior (or none)."""
+        return type(self).filter_shared_stream is AckTrigger.filter_shared_stream and (
+            self._behavior is None or not _is_async(self._behavior)
+        )
+
+    def evaluate(self, raw: Any) -> list[Any] | Rejected:
+        """The inline form of :meth:`filter_shared_stream`."""
+        result = [raw] if self._behavior is None else self._behavior(raw)
+        assert not inspect.isawaitable(result)
+        if result == "reject":
+            return Rejected(f"rejected {_ident(raw)}")
+        assert isinstance(result, list)
+        return list(result)
 
     def shared_stream_key(self) -> Hashable:
         return ("fake", self.upstream)
@@ -158,7 +185,9 @@ class AckTrigger(BaseEventTrigger):
 
     async def filter_shared_stream(self, stream: AsyncIterator[Any]) -> AsyncIterator[TriggerEvent]:
         async for raw in stream:
-            result: list[Any] | str = [raw] if self._behavior is None else await self._behavior(raw)
+            result = [raw] if self._behavior is None else self._behavior(raw)
+            if inspect.isawaitable(result):
+                result = await result
             if result == "reject":
                 reject_shared_stream_event(reason=f"rejected {_ident(raw)}")
                 continue
@@ -192,9 +221,16 @@ class FastTrigger(BaseEventTrigger):
 
 
 class Watcher:
-    """Drives one subscription like the runner does: iterate, bind, confirm."""
+    """Drives one subscription like the runner does: iterate, bind, confirm.
+
+    With ``Watcher.inline_mode`` set (the rule tests run both ways), a watcher whose
+    trigger is a pure filter (``inline_capable``) subscribes inline instead, as the
+    runner does a declarative watcher: the group evaluates it, ``emit`` binds and
+    confirms; what the tests read (events, seqs, error) is the same.
+    """
 
     running: set[asyncio.Task[None]] = set()
+    inline_mode = False
 
     def __init__(
         self,
@@ -214,6 +250,7 @@ class Watcher:
         self.unconfirmed: list[int] = []
         self.error: BaseException | None = None
         self.task: asyncio.Task[None] | None = None
+        self.inline = Watcher.inline_mode and bool(getattr(trigger, "inline_capable", False))
 
     def start(self) -> Watcher:
         self.task = asyncio.get_running_loop().create_task(self._run())
@@ -228,7 +265,39 @@ class Watcher:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
+    def _took(self, payload: Any, seq: int | None) -> None:
+        self.events.append(payload)
+        self.seqs.append(seq)
+        if seq is not None:
+            if self.auto_confirm:
+                self.manager.confirm_persisted([seq])
+            else:
+                self.unconfirmed.append(seq)
+
+    async def _run_inline(self) -> None:
+        def emit(payload: Any, bound: BoundEvent | None) -> None:
+            self._took(payload, None if bound is None else bound.seq)
+
+        evaluate = getattr(self.trigger, "evaluate")  # noqa: B009 - AckTrigger's
+        try:
+            subscription = self.manager.inline_subscription(
+                trigger_id=self.trigger_id,
+                trigger=self.trigger,
+                key=self.key,
+                evaluate=evaluate,
+                emit=emit,
+            )
+            try:
+                await subscription.wait()
+            finally:
+                await subscription.aclose()
+        except Exception as exc:
+            self.error = exc
+
     async def _run(self) -> None:
+        if self.inline:
+            await self._run_inline()
+            return
         try:
             async for event in self.manager.events(
                 trigger_id=self.trigger_id, trigger=self.trigger, key=self.key

@@ -144,7 +144,7 @@ def test_validate_json_lists_every_problem_with_file_line_field_and_message(
             "message": "unknown field; did you mean 'ack_timeout'? (expected one of: "
             "ack_timeout, subscriber_queue_size, cohort_grace_period, overflow, "
             "restart_backoff_initial, restart_backoff_max, max_restarts, shutdown_timeout, "
-            "progress_interval, lag_interval)",
+            "progress_interval, lag_interval, inline_filters)",
         },
         {
             "file": str(cfg),

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import AsyncIterator, Hashable
+from collections.abc import AsyncIterator, Hashable, Iterator
 from typing import Any
 
 import pytest
@@ -35,6 +35,15 @@ def up(request: pytest.FixtureRequest) -> Upstream:
     return Upstream(f"up-{uuid.uuid4().hex[:8]}", batched=request.param == "open_batches")
 
 
+@pytest.fixture(params=["generator", "inline"], autouse=True)
+def filter_path(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Every rule holds for a generator filter and for a pure one the group evaluates
+    inline (each Watcher whose behavior is synchronous subscribes inline)."""
+    Watcher.inline_mode = request.param == "inline"
+    yield request.param
+    Watcher.inline_mode = False
+
+
 @pytest.fixture
 async def manager() -> AsyncIterator[SharedStreamManager]:
     m = SharedStreamManager(max_subscriber_queue=8, ack_timeout=30.0)
@@ -48,7 +57,7 @@ async def _stop_watchers() -> AsyncIterator[None]:
     await Watcher.stop_everyone()
 
 
-async def _yield_nothing(raw: Any) -> list[Any]:
+def _yield_nothing(raw: Any) -> list[Any]:
     return []
 
 
@@ -344,7 +353,7 @@ async def test_filter_that_yields_nothing_acks_when_it_asks_for_the_next_event(
 async def test_several_yields_gate_the_ack_on_all_of_them(
     manager: SharedStreamManager, up: Upstream
 ) -> None:
-    async def three(raw: Any) -> list[Any]:
+    def three(raw: Any) -> list[Any]:
         return [raw, raw, raw]
 
     w = Watcher(manager, "a", AckTrigger(up.name, three), auto_confirm=False).start()
@@ -387,7 +396,7 @@ async def test_bound_event_carries_message_id_and_position(
 async def test_reject_resolves_at_once_without_waiting_for_persistence(
     manager: SharedStreamManager, up: Upstream
 ) -> None:
-    async def reject_odd(raw: Any) -> list[Any] | str:
+    def reject_odd(raw: Any) -> list[Any] | str:
         return "reject" if raw % 2 else [raw]
 
     Watcher(manager, "a", AckTrigger(up.name, reject_odd), auto_confirm=False).start()
@@ -774,7 +783,7 @@ async def test_pause_mode_still_fails_a_stuck_subscriber_by_ack_timeout(up: Upst
 async def test_filter_that_crashes_is_failed_out_of_its_event_not_acked(
     manager: SharedStreamManager, up: Upstream
 ) -> None:
-    async def crash_on_two(raw: Any) -> list[Any]:
+    def crash_on_two(raw: Any) -> list[Any]:
         if raw == 2:
             raise RuntimeError("filter bug")
         return [raw]
@@ -932,7 +941,7 @@ async def test_orderly_close_runs_the_filters_cleanup_at_once_in_its_task(
 
 
 async def test_group_stats_count_outcomes(manager: SharedStreamManager, up: Upstream) -> None:
-    async def reject_odd(raw: Any) -> list[Any] | str:
+    def reject_odd(raw: Any) -> list[Any] | str:
         return "reject" if raw % 2 else [raw]
 
     Watcher(manager, "a", AckTrigger(up.name, reject_odd)).start()
@@ -1039,7 +1048,7 @@ async def test_leaving_observer_is_not_called_for_failures_unsubscribes_or_a_sto
         ack_timeout=30.0, on_subscriber_leaving=lambda key, tid, how: calls.append(tid)
     )
 
-    async def crash_on_two(raw: Any) -> list[Any]:
+    def crash_on_two(raw: Any) -> list[Any]:
         if raw == 2:
             raise RuntimeError("filter bug")
         return [raw]

@@ -21,7 +21,12 @@ from typing import Any
 
 import poison_filters
 import pytest
-from runner_harness import all_committed, run_until
+from runner_harness import (  # noqa: F401 - filter_path: a fixture
+    all_committed,
+    both_filter_paths,
+    filter_path,
+    run_until,
+)
 
 from acklane.connectors.memory import MemoryBroker
 from acklane.core.config import AcklaneConfig, parse_config
@@ -121,6 +126,7 @@ BIG_ORDERS = """\
 """
 
 
+@both_filter_paths
 async def test_a_message_whose_filter_raises_is_dead_lettered_after_max_attempts(
     tmp_path: Path, broker: MemoryBroker, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -157,6 +163,7 @@ async def test_a_message_whose_filter_raises_is_dead_lettered_after_max_attempts
     assert [r.getMessage().split("(attempt ")[1][:1] for r in restarts] == ["1", "2", "3"]
 
 
+@both_filter_paths
 async def test_an_ack_timeout_on_a_message_is_a_failed_attempt_of_it(
     tmp_path: Path, broker: MemoryBroker
 ) -> None:
@@ -179,6 +186,7 @@ async def test_an_ack_timeout_on_a_message_is_a_failed_attempt_of_it(
     assert await _stored(db) == {"slow": [1, 3]}
 
 
+@both_filter_paths
 async def test_a_message_that_fails_once_then_succeeds_is_not_dead_lettered(
     tmp_path: Path, broker: MemoryBroker
 ) -> None:
@@ -200,6 +208,7 @@ async def test_a_message_that_fails_once_then_succeeds_is_not_dead_lettered(
     assert await _table(db, runner) == {}
 
 
+@both_filter_paths
 async def test_the_count_survives_a_restart_of_the_runner(
     tmp_path: Path, broker: MemoryBroker
 ) -> None:
@@ -227,6 +236,7 @@ async def test_the_count_survives_a_restart_of_the_runner(
     assert await _table(db, second) == {}
 
 
+@both_filter_paths
 async def test_a_failure_of_no_single_message_is_no_attempt_and_max_restarts_gives_up(
     tmp_path: Path, broker: MemoryBroker, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -251,6 +261,7 @@ async def test_a_failure_of_no_single_message_is_no_attempt_and_max_restarts_giv
     assert sum("Giving up:" in r.getMessage() for r in caplog.records) == 1
 
 
+@both_filter_paths
 async def test_poison_messages_do_not_count_towards_max_restarts(
     tmp_path: Path, broker: MemoryBroker
 ) -> None:

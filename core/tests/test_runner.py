@@ -16,7 +16,12 @@ from typing import Any
 
 import pytest
 import runner_filters
-from runner_harness import all_committed, run_until
+from runner_harness import (  # noqa: F401 - filter_path: a fixture
+    all_committed,
+    both_filter_paths,
+    filter_path,
+    run_until,
+)
 
 from acklane.connectors.memory import MemoryBroker
 from acklane.core.config import parse_config
@@ -72,6 +77,7 @@ async def _stored(db: Path) -> list[Any]:
         return await store.list_events(limit=10_000)
 
 
+@both_filter_paths
 async def test_every_message_fires_each_watcher_once_and_is_committed(
     tmp_path: Path, broker: MemoryBroker
 ) -> None:
@@ -98,6 +104,7 @@ async def test_every_message_fires_each_watcher_once_and_is_committed(
     assert all(e.message_id and e.message_id.split("/")[-3] == "orders" for e in events)
 
 
+@both_filter_paths
 async def test_poison_message_is_dead_lettered_with_its_reason(
     tmp_path: Path, broker: MemoryBroker
 ) -> None:
@@ -120,6 +127,7 @@ async def test_poison_message_is_dead_lettered_with_its_reason(
     assert sorted(e.payload["id"] for e in await _stored(db)) == [0, 2]
 
 
+@both_filter_paths
 async def test_payload_that_is_not_json_rejects_the_message_instead_of_looping(
     tmp_path: Path, broker: MemoryBroker
 ) -> None:
@@ -142,6 +150,7 @@ async def test_payload_that_is_not_json_rejects_the_message_instead_of_looping(
     assert sorted(e.payload["id"] for e in await _stored(db)) == [0, 2]
 
 
+@both_filter_paths
 async def test_crashing_filter_restarts_the_cohort_and_loses_nothing(
     tmp_path: Path, broker: MemoryBroker, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -170,6 +179,7 @@ async def test_crashing_filter_restarts_the_cohort_and_loses_nothing(
     assert broker.stats("g").redelivered > 0
 
 
+@both_filter_paths
 async def test_ack_timeout_of_one_watcher_restarts_its_cohort_with_redelivery(
     tmp_path: Path, broker: MemoryBroker
 ) -> None:
@@ -198,6 +208,7 @@ async def test_ack_timeout_of_one_watcher_restarts_its_cohort_with_redelivery(
     assert slow == list(range(10))
 
 
+@both_filter_paths
 async def test_graceful_stop_then_restart_processes_every_message_once(
     tmp_path: Path, broker: MemoryBroker
 ) -> None:
@@ -223,6 +234,7 @@ async def test_graceful_stop_then_restart_processes_every_message_once(
     assert sorted(ids) == list(range(200))  # no loss, no duplicate row
 
 
+@both_filter_paths
 async def test_watcher_with_an_asset_gets_that_assets_store(
     tmp_path: Path, broker: MemoryBroker
 ) -> None:
@@ -248,6 +260,7 @@ async def test_watcher_with_an_asset_gets_that_assets_store(
         backend.close()
 
 
+@both_filter_paths
 async def test_a_stop_requested_before_run_starts_nothing(
     tmp_path: Path, broker: MemoryBroker
 ) -> None:
@@ -318,3 +331,46 @@ def test_validate_names_file_line_and_field(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert "bad.yaml:4" in proc.stderr
     assert "stream" in proc.stderr
+
+
+async def test_an_inline_watchers_store_error_restarts_the_cohort_and_loses_nothing(
+    tmp_path: Path, broker: MemoryBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The inline path's emit: the store refusing an event (not for its content) fails
+    # the group while the watcher is subscribed (nothing advanced without it); the
+    # cohort restarts, the broker redelivers, the store drops what it already had.
+    refused: list[int] = []
+    put = EventStore.put_event_nowait
+
+    def flaky_put(
+        self: EventStore, trigger_id: str, stream_key: str, payload: Any, *rest: Any
+    ) -> None:
+        if trigger_id == "all" and payload["id"] == 3 and not refused:
+            refused.append(3)
+            raise RuntimeError("the event store is broken")
+        put(self, trigger_id, stream_key, payload, *rest)
+
+    monkeypatch.setattr(EventStore, "put_event_nowait", flaky_put)
+    db = tmp_path / "e.db"
+    cfg = _config(
+        db,
+        broker.name,
+        """\
+        - name: all
+          stream: orders
+          filter: {emit: {id: body.id}}
+        - name: odd
+          stream: orders
+          filter: {match: {body.odd: true}, emit: {id: body.id}}
+        """,
+    )
+    _publish(broker, [{"id": i, "odd": i % 2 == 1} for i in range(10)])
+    runner = Runner(cfg, handle_signals=False)
+    restarts: list[BaseException] = []
+    runner.observer.cohort_failed = lambda key, error, delay: restarts.append(error)  # type: ignore[method-assign]
+    await run_until(runner, lambda: all_committed(broker))
+    assert refused == [3]
+    assert restarts and "the event store is broken" in str(restarts[0])
+    events = await _stored(db)
+    by = {w: sorted(e.payload["id"] for e in events if e.trigger_id == w) for w in ("all", "odd")}
+    assert by == {"all": list(range(10)), "odd": [1, 3, 5, 7, 9]}

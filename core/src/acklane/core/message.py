@@ -8,7 +8,15 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+import msgspec
+
 from .errors import AcklaneError
+
+# msgspec's JSON decoder (docs/engine.md, "JSON"): about ten times the standard
+# library's speed on small bodies, exact on big integers. Anything it refuses goes
+# to the standard library, whose verdict (and error text) stands: the result is
+# json.loads' in every case.
+_fast_loads = msgspec.json.Decoder().decode
 
 __all__ = ["BodyDecodeError", "RawMessage"]
 
@@ -52,6 +60,10 @@ class RawMessage:
 
     def json(self) -> Any:
         """The body decoded as JSON; raises :class:`BodyDecodeError` with the reason."""
+        try:
+            return _fast_loads(self.body)
+        except (msgspec.DecodeError, TypeError):
+            pass  # not strict JSON (NaN, not UTF-8, ...) or not bytes: the stdlib decides
         try:
             return json.loads(self.text())
         except json.JSONDecodeError as exc:

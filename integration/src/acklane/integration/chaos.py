@@ -751,15 +751,19 @@ def wait_for_growth(store: StoreReader, runner: RunnerProcess, rows: int, timeou
     return wait_until(lambda: store.count() > rows or not runner.alive(), timeout, 0.002)
 
 
-def write_config(workdir: Path, adapter: BrokerAdapter, hook: str | None = None) -> Path:
+def write_config(
+    workdir: Path, adapter: BrokerAdapter, hook: str | None = None, inline_filters: bool = True
+) -> Path:
     """The pipeline; with ``hook`` (a receiver's URL) every watcher also delivers its
-    events to a webhook sink there."""
+    events to a webhook sink there; ``inline_filters`` is ``engine.inline_filters``
+    (False: the declarative watchers run as generators, each in its own task)."""
     config: dict[str, Any] = {
         "engine": {
             "ack_timeout": 30,
             "restart_backoff_initial": 0.2,
             "restart_backoff_max": 1.0,
             "shutdown_timeout": 10.0,
+            "inline_filters": inline_filters,
         },
         "store": {"url": f"sqlite:///{workdir / 'events.db'}"},
         "streams": {"chaos": adapter.stream_block()},
@@ -816,10 +820,12 @@ def run_broker(
     timeout: float = 300.0,
     workdir: Path | None = None,
     sink: str | None = None,
+    inline_filters: bool = True,
 ) -> Result:
     """One chaos run on a started emulator; never raises for what it finds. With
     ``sink="webhook"`` the watchers also deliver to a recording webhook receiver (a
-    real HTTP server in its own process), and the kills fall during deliveries too."""
+    real HTTP server in its own process), and the kills fall during deliveries too.
+    ``inline_filters=False`` runs the watchers on the generator path."""
     started = time.monotonic()
     deadline = Deadline(timeout)
     rng = random.Random(f"{seed}:{broker}")
@@ -842,7 +848,9 @@ def run_broker(
             if sink != "webhook":
                 raise ValueError(f"unknown chaos sink {sink!r} (webhook)")
             receiver = stack.enter_context(WebhookReceiver())
-        config = write_config(workdir, adapter, None if receiver is None else receiver.url)
+        config = write_config(
+            workdir, adapter, None if receiver is None else receiver.url, inline_filters
+        )
         runner = RunnerProcess(config, workdir / "runner.log")
         store = StoreReader(workdir / "events.db")
         stack.callback(store.close)

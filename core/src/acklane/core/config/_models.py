@@ -52,6 +52,10 @@ class EngineSettings(_Settings):
     #: Seconds between two reads of each stream's backlog on its broker (the
     #: acklane_stream_lag metrics, /readyz, progress lines); 0 = never read it.
     lag_interval: float = Field(default=5.0, ge=0)
+    #: Synchronous filters (declarative, a plain def) evaluated by the poll as it
+    #: broadcasts, with no queue or task per watcher (docs/engine.md); false = each
+    #: watcher runs as an async generator in its own task, as async filters do.
+    inline_filters: bool = True
 
     @field_validator("restart_backoff_max")
     @classmethod

@@ -18,7 +18,7 @@ from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import TracebackType
-from typing import Literal, NoReturn
+from typing import Any, Literal, NoReturn
 
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
@@ -35,7 +35,7 @@ from ..sql import (
     unsupported_url,
 )
 from ._insert import BatchInsert, batch_insert_for
-from ._model import EncodedRow, EventRecord, StoredEvent, encode_record
+from ._model import EncodedRow, EventRecord, StoredEvent, encode_fields, encode_record
 from ._reader import EventReader
 from ._retention import DEFAULT_PRUNE_BATCH, count_older_than, cutoff_for, prune_older_than
 from ._schema import create_tables
@@ -285,6 +285,52 @@ class EventStore:
             self._wakeup.set()
         if size >= self._max_batch:
             self._batch_full.set()
+
+    def put_nowait(self, record: EventRecord, seq: int | None = None) -> None:
+        """:meth:`put` without waiting: queued even past ``max_pending`` (a caller that
+        cannot wait, the engine's inline path, waits on :meth:`room` instead, between
+        batches). The same checks, the same errors."""
+        self._queue_row(encode_record(record), seq)
+
+    def put_event_nowait(
+        self,
+        trigger_id: str,
+        stream_key: str,
+        payload: Any,
+        message_id: str | None,
+        position: int,
+        seq: int | None = None,
+    ) -> None:
+        """:meth:`put_nowait` of an :class:`EventRecord`'s fields, without building one
+        (the runner's inline path, once per trigger event)."""
+        self._queue_row(encode_fields(trigger_id, stream_key, payload, message_id, position), seq)
+
+    def _queue_row(self, row: EncodedRow, seq: int | None) -> None:
+        if seq is not None and type(seq) is not int:
+            raise TypeError(f"seq must be an int or None, not {type(seq).__qualname__}")
+        self._raise_unless_accepting()
+        queue = self._queue
+        queue.append((row, seq))
+        self._accepted += 1
+        size = len(queue)
+        if size == 1:
+            self._wakeup.set()
+        if size >= self._max_batch:
+            self._batch_full.set()
+
+    def room(self) -> Awaitable[None] | None:
+        """None while fewer than ``max_pending`` records wait for the writer, else an
+        awaitable that is done once they are fewer (or the store fails or closes)."""
+        if len(self._queue) < self._max_pending:
+            return None
+        return self._wait_for_room()
+
+    async def _wait_for_room(self) -> None:
+        queue = self._queue
+        while len(queue) >= self._max_pending:
+            self._room.clear()
+            await self._room.wait()
+            self._raise_unless_accepting()
 
     def add_commit_listener(self, listener: Callable[[], None]) -> None:
         """Call ``listener()`` on the event loop after each commit that stored new rows

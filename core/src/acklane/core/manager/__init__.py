@@ -9,7 +9,8 @@ The contract is docs/engine.md. Private modules, one concept each:
 
 - ``_manager``: :class:`SharedStreamManager` (subscribing, the binding channel, groups)
 - ``_group``: one key's group (membership, poll, pump, ack-timeout sweep, lifecycle)
-- ``_subscriber``: one member (its queue, its binding window, the stream its filter reads)
+- ``_subscriber``: one member (its queue, its binding window, the stream its filter reads,
+  or, for an inline member, the filter the broadcast evaluates)
 - ``_ledger``: a broadcast event's record, the resolution kinds, outcomes
 - ``_settings``: refusing a member whose stream settings differ from its group's
 - ``_types``: public value types and observer shapes; ``_common``: the logger
@@ -24,7 +25,13 @@ from ._common import log as log
 from ._group import _Group as _Group
 from ._ledger import _CLEAN_CACHE as _CLEAN_CACHE
 from ._ledger import _Entry as _Entry
-from ._manager import CONSUMER_CLOSED, FILTER_RETURNED, SharedStreamManager, Subscription
+from ._manager import (
+    CONSUMER_CLOSED,
+    FILTER_RETURNED,
+    InlineSubscription,
+    SharedStreamManager,
+    Subscription,
+)
 from ._subscriber import _Binding as _Binding
 from ._subscriber import _Subscriber as _Subscriber
 from ._types import (
@@ -32,8 +39,12 @@ from ._types import (
     BoundEvent,
     FailureObserver,
     GroupStats,
+    InlineEmit,
+    InlineEvaluate,
+    InlineReady,
     LeaveObserver,
     PoisonPolicy,
+    Rejected,
 )
 
 __all__ = [
@@ -43,8 +54,13 @@ __all__ = [
     "BoundEvent",
     "FailureObserver",
     "GroupStats",
+    "InlineEmit",
+    "InlineEvaluate",
+    "InlineReady",
+    "InlineSubscription",
     "LeaveObserver",
     "PoisonPolicy",
+    "Rejected",
     "SharedStreamManager",
     "Subscription",
 ]

@@ -19,12 +19,13 @@ from ..trigger import (
     StreamEnded,
     SubscriberOverflow,
     ack_timeout_error,
+    current_window,
     uses_ack_channel,
 )
 from ._common import aclose_iter, log
 from ._ledger import _FAST_RUN, ACKED, FAILED, _Entry, _outcome, _Run
-from ._subscriber import _Subscriber
-from ._types import GroupStats, _new_tuple
+from ._subscriber import _Inline, _Subscriber
+from ._types import GroupStats, Rejected, _new_tuple
 
 if TYPE_CHECKING:
     from ._manager import SharedStreamManager
@@ -60,6 +61,10 @@ class _Group:
         # Airflow's rule (its trigger classes have no uses_ack_channel of their own)
         self.acking = uses_ack_channel(trigger_cls)
         self.members: tuple[_Subscriber, ...] = ()
+        # the members split by how they take a raw event: into their queue (a filter
+        # task pulls it) or evaluated inline by the broadcast itself (_deliver_inline)
+        self.queued: tuple[_Subscriber, ...] = ()
+        self.inline: tuple[_Subscriber, ...] = ()
         self.detached: list[_Subscriber] = []  # left with yields still awaiting confirmation
         self.lanes: dict[Hashable, deque[_Entry]] = {}
         self.ready: dict[Hashable, None] = {}  # lanes whose head is resolved, in order
@@ -95,16 +100,25 @@ class _Group:
 
     # -- membership
 
-    def attach(self, trigger_id: str, trigger: BaseEventTrigger) -> _Subscriber:
-        """A new member, in every broadcast from now on."""
+    def attach(
+        self, trigger_id: str, trigger: BaseEventTrigger, inline: _Inline | None = None
+    ) -> _Subscriber:
+        """A new member, in every broadcast from now on (``inline``: evaluated by it)."""
         sub = _Subscriber(self, trigger_id, trigger)
-        self.members = (*self.members, sub)
+        sub.inline = inline
+        self._set_members((*self.members, sub))
         return sub
+
+    def _set_members(self, members: tuple[_Subscriber, ...]) -> None:
+        """The snapshot of later broadcasts, and its queued and inline parts."""
+        self.members = members
+        self.queued = tuple(m for m in members if m.inline is None)
+        self.inline = tuple(m for m in members if m.inline is not None)
 
     def _remove_member(self, sub: _Subscriber) -> None:
         """Out of later broadcasts; a poll paused for its room need not wait any more."""
         if sub in self.members:
-            self.members = tuple(m for m in self.members if m is not sub)
+            self._set_members(tuple(m for m in self.members if m is not sub))
         if self.room_for is sub:
             self.wake_poll()
 
@@ -335,13 +349,18 @@ class _Group:
             async for raw in stream:
                 stats.broadcast += 1
                 entry = _Entry(None, raw, _FAST_RUN)
-                for sub in self.members:
+                for sub in self.queued:
                     if len(sub.queue) >= maxq:
                         self._overflow(sub, maxq)
                         continue
                     sub.queue.append(entry)
                     if sub.waiter is not None:
                         sub.wake()
+                inline = self.inline
+                if inline:
+                    for sub in inline:
+                        self._deliver_inline(sub, entry)
+                    await self._inline_ready(inline)
         finally:
             await aclose_iter(stream)
 
@@ -371,6 +390,8 @@ class _Group:
                     and not suspects
                     and self._broadcast_run(fixed, batch, now, maxq)
                 ):
+                    if self.inline:
+                        await self._inline_ready(self.inline)
                     continue
                 lane_q: deque[_Entry] | None = None
                 lane: Hashable = None
@@ -393,7 +414,7 @@ class _Group:
                     if suspects and self._poisoned(entry):
                         continue
                     filled = False
-                    for sub in members:
+                    for sub in self.queued:
                         queue = sub.queue
                         depth = len(queue)
                         queue.append(entry)
@@ -404,11 +425,19 @@ class _Group:
                                 self._overflow(sub, maxq)
                                 continue
                             filled = True
+                    inline = self.inline
+                    if inline:
+                        for sub in inline:
+                            self._deliver_inline(sub, entry)
+                            if self.frozen:
+                                return  # an inline member failed the group: nothing more
                     if filled and self.pausing:
                         await self._wait_for_room(maxq)
                         now = _monotonic()
                         lane_q = None  # the pump may have drained and dropped it meanwhile
                         run = None
+                if self.inline:
+                    await self._inline_ready(self.inline)
         finally:
             await aclose_iter(stream)
 
@@ -442,11 +471,177 @@ class _Group:
         tracer = self.manager.tracer
         if tracer is not None:
             tracer.received(self, entries)
-        for sub in members:
+        for sub in self.queued:
             sub.queue.extend(entries)
             if sub.waiter is not None:
                 sub.wake()
+        inline = self.inline
+        if inline:
+            self._deliver_inline_run(entries, inline)
         return True
+
+    # -- inline members: the filter evaluated by the broadcast (no queue, task, generator)
+
+    def _deliver_inline_run(self, entries: list[_Entry], inline: tuple[_Subscriber, ...]) -> None:
+        """Every entry of a run to every inline member of its snapshot, entry by entry
+        (so that the members evaluating one message run one after the other: a body
+        decoded once serves them all). A member failed on the way resolves the run's
+        later entries as failed (they counted it); a failed group stops it all."""
+        deliver = self._deliver_inline
+        verdict_of = self._inline_verdict
+        stats = self.stats
+        # (member, its evaluate) for the members evaluated here directly: not windowed
+        plain = [
+            (sub, sub.inline.evaluate)
+            for sub in inline
+            if sub.inline is not None and not sub.inline.windowed
+        ]
+        windowed = [sub for sub in inline if sub.inline is not None and sub.inline.windowed]
+        tracer = self.manager.tracer  # OpenTelemetry spans, or None (tracing off)
+        for entry in entries:
+            raw = entry.raw
+            empty = 0  # members on which nothing fired: acked together, after the loop
+            for sub, evaluate in plain:
+                if sub.failure is not None or sub.closed:
+                    self.resolve(entry, FAILED)
+                    continue
+                try:
+                    verdict = evaluate(raw)
+                except Exception as exc:  # the filter raised on this event
+                    if tracer is not None:
+                        tracer.verdict(sub, entry, None, failed=True)
+                    sub.current = entry
+                    self.force_fail(sub, exc, entry)
+                    if self.frozen:
+                        return  # the failure failed the group (the runner's observer)
+                    continue
+                if tracer is not None:
+                    tracer.verdict(sub, entry, verdict)
+                if type(verdict) is list and not verdict:
+                    empty += 1
+                else:
+                    verdict_of(sub, entry, verdict)
+                    if self.frozen:
+                        return  # its emit failed the group: nothing more
+            for sub in windowed:
+                if sub.failure is None and not sub.closed:
+                    deliver(sub, entry)
+                    if self.frozen:
+                        return
+                else:
+                    self.resolve(entry, FAILED)
+            if empty:
+                # resolve(entry, ACKED) for each of them, at once
+                stats.acked += empty
+                remaining = entry.remaining - empty
+                entry.remaining = remaining
+                if remaining == 0 and entry.lane_q[0] is entry:
+                    self._lane_ready(entry)
+
+    def _deliver_inline(self, sub: _Subscriber, entry: _Entry) -> None:
+        """One inline member takes one raw event: the window opens, the filter runs, each
+        payload is bound and emitted, the window closes (acked once every emitted event
+        is confirmed). The same rules as a queued member pulling it, in one call.
+
+        This is the inline path's one per-(message, member) step: a hook that must see
+        each evaluation (a tracing span) goes around the ``evaluate`` call here.
+        """
+        hooks = sub.inline
+        assert hooks is not None
+        windowed = hooks.windowed
+        if windowed:  # the filter may reject through the window itself
+            sub.current = entry
+            if current_window.get() is not sub:
+                current_window.set(sub)
+        tracer = self.manager.tracer
+        try:
+            verdict = hooks.evaluate(entry.raw)
+        except Exception as exc:  # the filter raised on this event: a failed attempt
+            if tracer is not None:
+                tracer.verdict(sub, entry, None, failed=True)
+            sub.current = entry
+            self.force_fail(sub, exc, entry)
+            return
+        if tracer is not None:
+            tracer.verdict(sub, entry, verdict)
+        if not windowed and type(verdict) is list and not verdict:
+            # nothing fires (most evaluations, with many watchers): acked at once, no
+            # window ever opened (resolve(entry, ACKED) inlined)
+            if self.acking and not self.frozen:
+                self.stats.acked += 1
+                remaining = entry.remaining - 1
+                entry.remaining = remaining
+                if remaining == 0 and entry.lane_q[0] is entry:
+                    self._lane_ready(entry)
+            return
+        self._inline_verdict(sub, entry, verdict)
+
+    def _inline_verdict(self, sub: _Subscriber, entry: _Entry, verdict: Any) -> None:
+        """What an inline member's filter decided on ``entry``, applied: rejected, or
+        each payload bound and emitted, then the window closed."""
+        hooks = sub.inline
+        assert hooks is not None
+        sub.current = entry
+        if type(verdict) is not list:
+            if isinstance(verdict, Rejected):
+                if not sub.reject(verdict.reason) and not self.acking:
+                    log.warning(
+                        "reject_shared_stream_event() called outside a binding window; "
+                        "ignored (fast path, standalone run(), or between two events)"
+                    )
+                sub.current = None
+                sub.rejected_current = False
+                return
+            self.force_fail(
+                sub,
+                TypeError(
+                    f"trigger {sub.trigger_id}: an inline filter returns a list of "
+                    f"payloads or Rejected, not {type(verdict).__name__}"
+                ),
+                entry,
+            )
+            return
+        if verdict:
+            emit = hooks.emit
+            bind = self.manager._bind if self.acking else None
+            for payload in verdict:
+                if sub.rejected_current:
+                    break  # rejected (by the filter, or a payload that cannot be stored):
+                    # what it returned beyond that is dropped, never bound to it
+                try:
+                    emit(payload, None if bind is None else bind(sub, entry))
+                except Exception as exc:  # the emitter's own error, not the message's
+                    self.force_fail(sub, exc)
+                    return
+                if sub.current is not entry:
+                    break  # failed by emit
+        if sub.current is not entry:
+            return  # failed or closed meanwhile: that resolved it
+        if not self.acking:
+            sub.current = None
+            return
+        binding = sub.binding
+        if not sub.rejected_current and (binding is None or binding.pending == 0):
+            # move_past() + resolve(entry, ACKED) inlined for the common cases: nothing
+            # emitted, or every emitted event already confirmed (see raw_stream)
+            sub.current = None
+            if not self.frozen:
+                self.stats.acked += 1
+                remaining = entry.remaining - 1
+                entry.remaining = remaining
+                if remaining == 0 and entry.lane_q[0] is entry:
+                    self._lane_ready(entry)
+        else:
+            sub.move_past()
+
+    async def _inline_ready(self, inline: tuple[_Subscriber, ...]) -> None:
+        """Wait while what an inline member emits into can take no more (back-pressure)."""
+        for sub in inline:
+            hooks = sub.inline
+            ready = None if hooks is None or hooks.ready is None else hooks.ready()
+            if ready is not None:
+                self.stats.pauses += 1
+                await ready
 
     def _lane_queue(self, lane: Hashable) -> deque[_Entry]:
         """The ledger's queue of ``lane`` (made when the lane is new, or drained)."""
@@ -720,7 +915,7 @@ class _Group:
         for sub in self.members:
             sub.failure = exc
             sub.wake()
-        self.members = ()
+        self._set_members(())
 
     def close(self) -> None:
         """Stop for good: advance what is resolved now, abandon the rest, close the producer."""

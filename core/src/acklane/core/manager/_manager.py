@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any, Literal
 from ..trigger import BaseEventTrigger, TriggerEvent, current_window
 from ._common import aclose_iter, log
 from ._group import _Group
-from ._ledger import _UNASKED, ACKED
+from ._ledger import _UNASKED, ACKED, _Entry
 from ._settings import _check_settings, _stream_settings
-from ._subscriber import _Binding, _Subscriber
+from ._subscriber import _Binding, _Inline, _Subscriber
 
 if TYPE_CHECKING:
     from ..observe.tracing import MessageTracer
@@ -26,6 +26,9 @@ from ._types import (
     BoundEvent,
     FailureObserver,
     GroupStats,
+    InlineEmit,
+    InlineEvaluate,
+    InlineReady,
     LeaveObserver,
     PoisonPolicy,
     _new_tuple,
@@ -134,7 +137,41 @@ class SharedStreamManager:
         raw_stream = self.subscribe(trigger_id=trigger_id, trigger=trigger, key=key)
         return Subscription(self, sub_key, self._subs[sub_key], trigger, raw_stream)
 
-    def _join(self, sub_key: tuple[str, Hashable], trigger: BaseEventTrigger) -> _Subscriber:
+    def inline_subscription(
+        self,
+        *,
+        trigger_id: str,
+        trigger: BaseEventTrigger,
+        key: Hashable,
+        evaluate: InlineEvaluate,
+        emit: InlineEmit,
+        ready: InlineReady | None = None,
+        windowed: bool = False,
+    ) -> InlineSubscription:
+        """Join the group of ``key`` with a synchronous filter the group evaluates itself.
+
+        acklane's addition, for pure filters: no queue, task or generator of the
+        subscriber's own. As the group broadcasts each raw event it calls
+        ``evaluate(raw)`` (a list of payloads, or :class:`Rejected`), binds each
+        payload to the raw event and hands it to ``emit(payload, bound)``, which
+        persists it and later confirms ``bound.seq`` (:meth:`confirm_persisted`). The
+        rules are a queued subscriber's: the snapshot, rejects with their reason, a
+        raising ``evaluate`` fails the subscriber on that event (the poison policy
+        counts it), acked once every emitted event is confirmed. ``ready()`` is the
+        back-pressure of what ``emit`` feeds (see :data:`InlineReady`); ``windowed``
+        sets the binding window while ``evaluate`` runs, for a filter that calls
+        ``reject_shared_stream_event`` itself. The checks of :meth:`subscribe` run now.
+        """
+        sub_key = (trigger_id, key)
+        sub = self._join(sub_key, trigger, _Inline(evaluate, emit, ready, windowed))
+        return InlineSubscription(self, sub_key, sub)
+
+    def _join(
+        self,
+        sub_key: tuple[str, Hashable],
+        trigger: BaseEventTrigger,
+        inline: _Inline | None = None,
+    ) -> _Subscriber:
         """Check the subscription, find or start its group, and register the new member."""
         trigger_id, key = sub_key
         # (Airflow's exception types and texts: its callers may match on them)
@@ -148,7 +185,7 @@ class SharedStreamManager:
             group = self._start_group(key, trigger, trigger_id, settings)
         else:
             _check_settings(group, trigger_id, settings)
-        sub = group.attach(trigger_id, trigger)
+        sub = group.attach(trigger_id, trigger, inline)
         sub.key = key
         self._register(sub_key, sub)
         return sub
@@ -262,6 +299,10 @@ class SharedStreamManager:
             or not sub.acking
         ):
             return None
+        return self._bind(sub, entry)
+
+    def _bind(self, sub: _Subscriber, entry: _Entry) -> BoundEvent:
+        """Bind one more event of ``sub`` to ``entry``, the raw event its window is on."""
         mid = entry.mid
         if mid is _UNASKED:  # once per raw event, whichever member binds to it first
             group = sub.group
@@ -514,6 +555,48 @@ class Subscription:
             manager._leaving(sub, how)  # before it detaches: the observer may fail the group
         manager._detach(self._sub_key, sub)
         await _close_pipeline(self.events, self._raw_stream)
+
+
+class InlineSubscription:
+    """One trigger's inline subscription (:meth:`SharedStreamManager.inline_subscription`).
+
+    Its filter runs in the group's broadcast; what is left to its caller is to wait
+    for its end (:meth:`wait`), to reject the event being evaluated from ``emit``
+    (:meth:`reject`), and to leave (:meth:`aclose`, in every case).
+    """
+
+    __slots__ = ("_closed", "_manager", "_sub", "_sub_key")
+
+    def __init__(
+        self, manager: SharedStreamManager, sub_key: tuple[str, Hashable], sub: _Subscriber
+    ) -> None:
+        self._manager = manager
+        self._sub_key = sub_key
+        self._sub = sub
+        self._closed = False
+
+    async def wait(self) -> None:
+        """Until the subscription ends: returns when it was closed in order (the group
+        stopped), raises why it failed (its filter raised, an ack timeout, the group)."""
+        await self._sub.wait_inline()
+
+    def reject(self, reason: str | None) -> bool:
+        """Reject the raw event being evaluated (from ``emit``: a payload that cannot be
+        stored); False outside an evaluation."""
+        return self._sub.reject(reason)
+
+    async def aclose(self, how: str = CONSUMER_CLOSED) -> None:
+        """Leave the group, as :meth:`Subscription.aclose`: the leaving observer first;
+        what the member had emitted and not yet seen confirmed still acks it when
+        confirmed (or times out). Once; ``how`` is for the leaving observer."""
+        if self._closed:
+            return
+        self._closed = True
+        sub = self._sub
+        manager = self._manager
+        if not sub.closed and sub.failure is None and not sub.group.frozen:
+            manager._leaving(sub, how)
+        manager._detach(self._sub_key, sub)
 
 
 def _check_limits(max_subscriber_queue: int, ack_timeout: float, overflow: str) -> None:

@@ -19,6 +19,28 @@ from ._ledger import ACKED, REJECTED, _Entry
 
 if TYPE_CHECKING:
     from ._group import _Group
+    from ._types import InlineEmit, InlineEvaluate, InlineReady
+
+
+class _Inline:
+    """What an inline member runs instead of a queue and a task: its filter, called by
+    the group as it broadcasts each raw event, and where the filter's payloads go."""
+
+    __slots__ = ("emit", "evaluate", "ready", "windowed")
+
+    def __init__(
+        self,
+        evaluate: InlineEvaluate,
+        emit: InlineEmit,
+        ready: InlineReady | None,
+        windowed: bool,
+    ) -> None:
+        self.evaluate = evaluate
+        self.emit = emit
+        self.ready = ready
+        # the filter may call reject_shared_stream_event() itself (a user's function):
+        # the binding window ContextVar is set to the member while it runs
+        self.windowed = windowed
 
 
 class _Binding:
@@ -96,6 +118,7 @@ class _Subscriber:
         "current",
         "failure",
         "group",
+        "inline",
         "key",
         "queue",
         "rejected_current",
@@ -125,6 +148,8 @@ class _Subscriber:
         self.awaiting: deque[_Binding] = deque()  # moved past, yields not yet confirmed
         self.failure: BaseException | None = None
         self.closed = False
+        #: an inline member's filter (no queue, no task of its own), else None
+        self.inline: _Inline | None = None
 
     # -- the binding window (reject_shared_stream_event looks us up via a ContextVar)
 
@@ -207,6 +232,21 @@ class _Subscriber:
             while awaiting and awaiting[0].done:
                 awaiting.popleft()
             awaiting.append(binding)
+
+    async def wait_inline(self) -> None:
+        """An inline member's life: returns once it is closed in order, raises its failure."""
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                if self.failure is not None:
+                    raise self.failure
+                if self.closed:
+                    return
+                waiter: asyncio.Future[None] = loop.create_future()
+                self.waiter = waiter
+                await waiter
+        finally:
+            self.waiter = None
 
     async def raw_stream(self) -> AsyncIterator[Any]:
         """What the filter iterates: this subscriber's share of the broadcast."""

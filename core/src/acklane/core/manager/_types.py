@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from ..producer import AdvanceItem
 
@@ -19,6 +19,27 @@ FailureObserver = Callable[[Hashable, str, BaseException], None]
 #: that is a failure (the runner, while its pipeline runs) fails the group here, so
 #: that nothing is advanced without the subscriber.
 LeaveObserver = Callable[[Hashable, str, str], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """A verdict: the raw event must be rejected (dead-lettered), for this reason."""
+
+    reason: str
+
+
+#: An inline filter (:meth:`SharedStreamManager.inline_subscription`): called with
+#: each raw event, synchronously, by the group as it broadcasts it; returns the
+#: payloads of the trigger events it makes of it (a list, empty when nothing fires)
+#: or :class:`Rejected`. Raising is a failure of the subscriber on that event.
+InlineEvaluate = Callable[[Any], "list[Any] | Rejected"]
+#: Takes each payload an inline filter returned, with its binding (None on the fast
+#: path or when the event could not be bound), synchronously: it persists it (and
+#: later confirms ``bound.seq``). Raising fails the subscriber out of what it holds.
+InlineEmit = Callable[[Any, "BoundEvent | None"], None]
+#: Back-pressure of what ``emit`` feeds: None when it can take more, else an
+#: awaitable the poll waits on before it pulls the next batch.
+InlineReady = Callable[[], "Awaitable[None] | None"]
 
 
 class PoisonPolicy(Protocol):

@@ -429,6 +429,28 @@ class MessageTracer:
                 name = "acklane.acked"
         opened.span.add_event(name, attrs)
 
+    def verdict(self, sub: _Subscriber, entry: _Entry, verdict: Any, failed: bool = False) -> None:
+        """What an inline watcher's filter decided on ``entry`` (the group evaluated it
+        as it broadcast): the same events on the message's span as :meth:`filtered`."""
+        opened = self._find(entry)
+        if opened is None:
+            return
+        attrs: dict[str, Any] = {"acklane.watcher": sub.trigger_id}
+        if failed:
+            name = "acklane.failed"
+        elif type(verdict) is list:
+            if verdict:
+                name = "acklane.fired"
+                attrs["acklane.events"] = len(verdict)
+            else:
+                name = "acklane.acked"
+        else:
+            name = "acklane.rejected"
+            reason = getattr(verdict, "reason", None)
+            if reason:
+                attrs["acklane.reason"] = reason
+        opened.span.add_event(name, attrs)
+
     # -- runner hooks
 
     def fired(self, key: Hashable, key_text: str, watcher: str, bound: BoundEvent | None) -> None:

@@ -29,6 +29,7 @@ from typing import Any, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import AcklaneError
+from ..manager import Rejected
 from ..message import BodyDecodeError, RawMessage
 from ..trigger import TriggerEvent, reject_shared_stream_event
 from .schema import SchemaCheck, compile_schema
@@ -99,14 +100,9 @@ class FilterSpecError(AcklaneError, ValueError):
         )
 
 
-@dataclass(frozen=True, slots=True)
-class Rejected:
-    """The verdict for a message that must be dead-lettered, with the reason."""
-
-    reason: str
-
-
 _MISSING: Final = object()
+#: The verdict "nothing fires" of a declarative filter, shared (never mutated).
+_NOTHING: Final[list[Any]] = []
 
 
 def _dotted(path: ProblemPath) -> str:
@@ -157,10 +153,35 @@ class _View:
         }
 
 
+# The last message whose body a declarative filter decoded, with the result (or the
+# BodyDecodeError): the inline path evaluates every watcher of a message one after
+# the other, so the body is decoded once for all of them. One tuple, swapped whole.
+# The decoded body is shared: declarative filters only read it, and a stored
+# payload is encoded at once.
+_last_body: tuple[Any, Any, BodyDecodeError | None] = (None, None, None)
+
+
+def _json_body(message: RawMessage) -> Any:
+    """``message.json()``, decoded once for consecutive calls on one message."""
+    global _last_body
+    last = _last_body
+    if last[0] is message:
+        if last[2] is not None:
+            raise last[2]
+        return last[1]
+    try:
+        body = message.json()
+    except BodyDecodeError as exc:
+        _last_body = (message, None, exc)
+        raise
+    _last_body = (message, body, None)
+    return body
+
+
 def _lenient_body(message: RawMessage) -> Any:
     """The body for a filter that accepts non-JSON: JSON, else text, else base64."""
     try:
-        return message.json()
+        return _json_body(message)
     except BodyDecodeError:
         pass
     try:
@@ -304,12 +325,150 @@ def _make_test(op: str, operand: Any) -> Test:
     raise AssertionError(op)  # pragma: no cover - callers check the operator
 
 
+# -- the compiled form: a condition as one call on (message, decoded body) -------------
+
+#: What a path reads, given the message and its decoded body (_MISSING when no path
+#: of the filter reads the body).
+Getter = Callable[[RawMessage, Any], Any]
+#: A condition, compiled: whether it holds for (message, decoded body).
+Check = Callable[[RawMessage, Any], bool]
+
+
+def _dig(value: Any, parts: tuple[str, ...]) -> Any:
+    """``body.a.0.b``'s walk from the body down (what _Path.get does for the body)."""
+    for part in parts:
+        if isinstance(value, Mapping):
+            value = value.get(part, _MISSING)
+        elif isinstance(value, list) and part.isdigit():
+            index = int(part)
+            value = value[index] if index < len(value) else _MISSING
+        else:
+            return _MISSING
+        if value is _MISSING:
+            return _MISSING
+    return value
+
+
+def _getter(path: _Path) -> Getter:
+    """The path's read as one call: a decoded body is a plain dict (checked by its exact
+    type, no ABC isinstance), whose one-level path is one ``dict.get``."""
+    if path.root != "body":
+        return lambda message, body: path.get(_View(message, body))
+    parts = path.parts
+    if not parts:
+        return lambda message, body: body
+    if len(parts) == 1:
+        (part,) = parts
+
+        def get_one(message: RawMessage, body: Any) -> Any:
+            if type(body) is dict:
+                return body.get(part, _MISSING)
+            return _dig(body, parts)
+
+        return get_one
+    return lambda message, body: _dig(body, parts)
+
+
+def _check(path: _Path, op: str, operand: Any, test: Test) -> Check:
+    """The condition as one call; ``eq`` on a scalar compares exact JSON types directly
+    (what _same decides for them), anything else goes through ``test``."""
+    get = _getter(path)
+    if op == "eq" and path.root == "body" and len(path.parts) == 1 and _plain_scalar(operand):
+        return _eq_field(path.parts, operand)
+    if op == "eq":
+        if operand is None or type(operand) is bool:
+            return lambda message, body: get(message, body) is operand
+        if type(operand) is str:
+
+            def eq_str(message: RawMessage, body: Any) -> bool:
+                value = get(message, body)
+                if type(value) is str:
+                    return bool(value == operand)
+                return value is not _MISSING and _same(value, operand)
+
+            return eq_str
+        if type(operand) is int or type(operand) is float:
+
+            def eq_number(message: RawMessage, body: Any) -> bool:
+                value = get(message, body)
+                kind = type(value)
+                if kind is int or kind is float:
+                    return bool(value == operand)
+                return value is not _MISSING and _same(value, operand)
+
+            return eq_number
+    return lambda message, body: test(get(message, body))
+
+
+def _plain_scalar(value: Any) -> bool:
+    """A str, int, float, bool or None of exactly that type (as YAML gives them)."""
+    return value is None or type(value) in (str, int, float, bool)
+
+
+def _eq_field(parts: tuple[str, ...], operand: Any) -> Check:
+    """``body.<field>: <scalar>``, the commonest condition, as one call: a dict lookup
+    and, when the value has the operand's JSON type, one comparison."""
+    (part,) = parts
+    missing = _MISSING
+    if operand is None or type(operand) is bool:  # compared by identity
+
+        def eq_singleton(message: RawMessage, body: Any) -> bool:
+            if type(body) is dict:
+                return body.get(part, missing) is operand
+            return _dig(body, parts) is operand
+
+        return eq_singleton
+    kinds: tuple[type, ...] = (str,) if type(operand) is str else (int, float)
+
+    def eq(message: RawMessage, body: Any) -> bool:
+        value = body.get(part, missing) if type(body) is dict else _dig(body, parts)
+        if type(value) in kinds:
+            return bool(value == operand)
+        return value is not missing and _same(value, operand)
+
+    return eq
+
+
+def _eq_field_filter(
+    part: str, operand: Any, prefix: Callable[[str], str], label: str
+) -> Callable[[RawMessage], list[Any] | Rejected]:
+    """The whole of ``match: {body.<field>: <str or number>}`` (emitting the body) as one
+    call: what :meth:`CompiledFilter._compile_declarative`'s closure and
+    :func:`_eq_field` decide, fused (the commonest routing filter: one per watcher)."""
+    missing = _MISSING
+    parts = (part,)
+    kinds: tuple[type, ...] = (str,) if type(operand) is str else (int, float)
+    nothing = _NOTHING
+
+    def evaluate(message: RawMessage) -> list[Any] | Rejected:
+        if not isinstance(message, RawMessage):
+            raise TypeError(f"{label}: expected a RawMessage, got {type(message).__name__}")
+        last = _last_body
+        if last[0] is message and last[2] is None:
+            body = last[1]
+        else:
+            try:
+                body = _json_body(message)
+            except BodyDecodeError as exc:
+                return Rejected(prefix(str(exc)))
+        value = body.get(part, missing) if type(body) is dict else _dig(body, parts)
+        if type(value) in kinds:
+            return [body] if value == operand else nothing
+        return [body] if value is not missing and _same(value, operand) else nothing
+
+    return evaluate
+
+
 @dataclass(frozen=True, slots=True)
 class _Condition:
     path: _Path
     op: str
     operand: Any
     test: Test
+
+    @property
+    def check(self) -> Check:
+        return _check(self.path, self.op, self.operand, self.test)
 
     def holds(self, view: _View) -> bool:
         return self.test(self.path.get(view))
@@ -478,6 +637,8 @@ class CompiledFilter:
     __slots__ = (
         "_conditions",
         "_emit",
+        "_emit_body",
+        "_evaluate",
         "_function",
         "_function_kind",
         "_rejects",
@@ -499,9 +660,11 @@ class CompiledFilter:
         function: Callable[..., Any] | None = None,
         function_kind: str | None = None,
         schema: SchemaCheck | None = None,
+        emit_body: bool = False,
     ) -> None:
         self.label = label
         self._schema = schema
+        self._emit_body = emit_body  # emit is the decoded body itself (the default)
         self._conditions = tuple(conditions)
         self._rejects = tuple(rejects)
         self._emit = emit
@@ -509,6 +672,93 @@ class CompiledFilter:
         self.reject_invalid_json = reject_invalid_json
         self._function = function
         self._function_kind = function_kind
+        self._evaluate: Callable[[RawMessage], list[Any] | Rejected] = (
+            self._compile_declarative() if function_kind is None else self._evaluate_function
+        )
+
+    @property
+    def evaluator(self) -> Callable[[RawMessage], list[Any] | Rejected]:
+        """:meth:`evaluate` as one call, for an engine that calls it per message; the
+        lists it returns are the caller's to read, not to change (an empty one is
+        shared)."""
+        return self._evaluate
+
+    def _compile_declarative(self) -> Callable[[RawMessage], list[Any] | Rejected]:
+        """The declarative filter as one closure: the body decoded once (shared by the
+        watchers that evaluate one message in turn), each condition one call."""
+        rejects = tuple((c.check, c) for c in self._rejects)
+        checks = tuple(c.check for c in self._conditions)
+        emit = self._emit
+        emit_body = self._emit_body
+        prefix = self._prefix
+        label = self.label or "filter"
+        decode = self.reads_body and self.reject_invalid_json
+        lenient = self.reads_body and not decode
+
+        schema = self._schema
+        field = self._single_eq_field()
+        if field is not None and decode and not rejects and emit_body and schema is None:
+            return _eq_field_filter(field[0], field[1], prefix, label)
+
+        def evaluate(message: RawMessage) -> list[Any] | Rejected:
+            if not isinstance(message, RawMessage):
+                raise TypeError(f"{label}: expected a RawMessage, got {type(message).__name__}")
+            body: Any
+            if decode:
+                last = _last_body  # _json_body()'s memo, read here: one call less
+                if last[0] is message and last[2] is None:
+                    body = last[1]
+                else:
+                    try:
+                        body = _json_body(message)
+                    except BodyDecodeError as exc:
+                        return Rejected(prefix(str(exc)))
+            elif lenient:
+                body = _lenient_body(message)
+            else:
+                body = _MISSING
+            if schema is not None:  # the body's JSON Schema, before the rules
+                failure = schema.failure(None if body is _MISSING else body)
+                if failure is not None:
+                    return _NOTHING if schema.skip else Rejected(prefix(failure))
+            for check, rule in rejects:
+                if check(message, body):
+                    reason = f"reject rule matched: {rule.describe(_View(message, body))}"
+                    return Rejected(prefix(reason))
+            for check in checks:
+                if not check(message, body):
+                    return _NOTHING
+            if emit_body and body is not _MISSING:
+                return [body]
+            return [emit(_View(message, body))]
+
+        return evaluate
+
+    def _single_eq_field(self) -> tuple[str, Any] | None:
+        """(field, operand) when the filter's one condition is ``body.<field>: <scalar>``."""
+        if len(self._conditions) != 1:
+            return None
+        c = self._conditions[0]
+        operand = c.operand
+        if (
+            c.op == "eq"
+            and c.path.root == "body"
+            and len(c.path.parts) == 1
+            and type(operand) in (str, int, float)
+        ):
+            return c.path.parts[0], operand
+        return None
+
+    @property
+    def inline(self) -> bool:
+        """True for a synchronous filter (declarative, a plain ``def``): the engine may
+        evaluate it as it broadcasts (:meth:`evaluate`), with no generator of its own."""
+        return self._function_kind is None or self._function_kind == "plain"
+
+    @property
+    def calls_user_code(self) -> bool:
+        """True for a function filter (it may call ``reject_shared_stream_event``)."""
+        return self._function_kind is not None
 
     @property
     def takes_over_stream(self) -> bool:
@@ -520,6 +770,11 @@ class CompiledFilter:
 
     def evaluate(self, message: RawMessage) -> list[Any] | Rejected:
         """The verdict for one message (declarative filters and plain sync functions)."""
+        verdict = self._evaluate(message)
+        return [] if verdict is _NOTHING else verdict  # a list of the caller's own
+
+    def _evaluate_function(self, message: RawMessage) -> list[Any] | Rejected:
+        """The verdict of a plain sync function filter (an async one cannot give one)."""
         kind = self._function_kind
         if kind == "plain":
             assert self._function is not None
@@ -529,33 +784,9 @@ class CompiledFilter:
                 if self.reject_invalid_json:
                     return Rejected(self._prefix(str(exc)))
                 raise
-        if kind is not None:
-            raise TypeError(
-                f"{self.label or 'filter'}: an async filter cannot be evaluated synchronously"
-            )
-        if not isinstance(message, RawMessage):
-            raise TypeError(
-                f"{self.label or 'filter'}: expected a RawMessage, got {type(message).__name__}"
-            )
-        view: _View
-        if self.reads_body and self.reject_invalid_json:
-            try:
-                view = _View(message, message.json())
-            except BodyDecodeError as exc:
-                return Rejected(self._prefix(str(exc)))
-        else:
-            view = _View(message)
-        if self._schema is not None:
-            failure = self._schema.failure(view.body())
-            if failure is not None:
-                return [] if self._schema.skip else Rejected(self._prefix(failure))
-        for rule in self._rejects:
-            if rule.holds(view):
-                return Rejected(self._prefix(f"reject rule matched: {rule.describe(view)}"))
-        for condition in self._conditions:
-            if not condition.holds(view):
-                return []
-        return [self._emit(view)]
+        raise TypeError(
+            f"{self.label or 'filter'}: an async filter cannot be evaluated synchronously"
+        )
 
     async def _evaluate_async(self, message: RawMessage) -> list[Any] | Rejected:
         assert self._function is not None
@@ -576,37 +807,18 @@ class CompiledFilter:
                 async for item in events:
                     yield item if isinstance(item, TriggerEvent) else TriggerEvent(item)
             return
-        if self._function_kind is None and self._schema is None:
-            # declarative: evaluate() inlined (once per message), in this generator
-            rejects, conditions, emit = self._rejects, self._conditions, self._emit
-            decode = self.reads_body and self.reject_invalid_json
-            view: _View
+        if self._function_kind is None:
+            # declarative: the compiled verdict, in this generator
+            evaluate = self._evaluate
             async for message in stream:
-                if not isinstance(message, RawMessage):
-                    raise TypeError(
-                        f"{self.label or 'filter'}: expected a RawMessage, "
-                        f"got {type(message).__name__}"
-                    )
-                if decode:
-                    try:
-                        view = _View(message, message.json())
-                    except BodyDecodeError as exc:
-                        reject_shared_stream_event(self._prefix(str(exc)))
-                        continue
-                else:
-                    view = _View(message)
-                for rule in rejects:
-                    if rule.holds(view):
-                        reason = f"reject rule matched: {rule.describe(view)}"
-                        reject_shared_stream_event(self._prefix(reason))
-                        break
-                else:
-                    for condition in conditions:
-                        if not condition.holds(view):
-                            break
-                    else:
-                        event = emit(view)
+                verdict = evaluate(message)
+                if type(verdict) is list:
+                    if verdict:
+                        event = verdict[0]
                         yield event if isinstance(event, TriggerEvent) else TriggerEvent(event)
+                else:
+                    assert isinstance(verdict, Rejected)
+                    reject_shared_stream_event(verdict.reason)
             return
         asynchronous = self._function_kind == "async"
         async for message in stream:
@@ -679,6 +891,7 @@ def compile_filter(
         reads_body=reads_body or reject_invalid_json,
         reject_invalid_json=reject_invalid_json,
         schema=schema,
+        emit_body=spec.emit is None or spec.emit == "body",
     )
 
 

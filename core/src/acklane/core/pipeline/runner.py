@@ -22,16 +22,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 import signal
 import time
-from collections.abc import Hashable, Sequence
-from typing import TYPE_CHECKING, Final
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Final
 
 from ..errors import AcklaneError, BrokerAuthError, ConnectorError
 from ..events import EventRecord, EventStore
-from ..manager import CONSUMER_CLOSED, FILTER_RETURNED, SharedStreamManager
+from ..manager import (
+    CONSUMER_CLOSED,
+    FILTER_RETURNED,
+    BoundEvent,
+    InlineSubscription,
+    SharedStreamManager,
+)
 from ..observe.health import CohortStatus, Health
 from ..observe.lag import LagMonitor
 from ..observe.progress import Progress
@@ -199,8 +206,12 @@ class _Cohort:
     async def _attempt(self) -> BaseException:
         """Run every watcher until one fails; return why (the first failure)."""
         first: list[BaseException] = []
+        inline = self.runner.config.engine.inline_filters
         tasks = [
-            asyncio.create_task(self._watch(w, first), name=f"acklane-watcher-{w.name}")
+            asyncio.create_task(
+                self._watch_inline(w, first) if inline and w.inline else self._watch(w, first),
+                name=f"acklane-watcher-{w.name}",
+            )
             for w in self.watchers
         ]
         # a watcher stuck in its own code never sees its group fail: learn of it here
@@ -305,6 +316,127 @@ class _Cohort:
                 log.error("Watcher %s failed", name, exc_info=exc)
             if not runner.stopping and not any(e is exc for e in first):
                 first.append(exc)
+
+    async def _watch_inline(self, trigger: WatcherTrigger, first: list[BaseException]) -> None:
+        """A watcher with a synchronous filter: the group evaluates it as it broadcasts
+        (``manager.inline_subscription``); this task only waits for the subscription's
+        end. The same rules as :meth:`_watch`, event by event, in :func:`_inline_emitter`."""
+        runner = self.runner
+        manager = runner.manager
+        name = trigger.name
+        compiled = trigger.compiled_filter
+        subscription: InlineSubscription | None = None
+
+        def reject(reason: str) -> None:
+            assert subscription is not None
+            subscription.reject(reason)
+
+        emit = _inline_emitter(self, name, reject, first)
+        try:
+            subscription = manager.inline_subscription(
+                trigger_id=name,
+                trigger=trigger,
+                key=self.key,
+                evaluate=compiled.evaluator,
+                emit=emit,
+                ready=runner.store.room,
+                windowed=compiled.calls_user_code,
+            )
+            how = CONSUMER_CLOSED
+            try:
+                await subscription.wait()
+                how = FILTER_RETURNED  # closed in order: as a filter whose stream ended
+            finally:
+                await subscription.aclose(how)
+            if not runner.stopping:
+                first.append(
+                    WatcherLeft(f"watcher {name}: its filter returned; it must run until stopped")
+                )
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if isinstance(exc, ConnectorError):
+                log.debug("Watcher %s failed", name, exc_info=exc)
+            elif not isinstance(exc, SharedStreamError):
+                log.error("Watcher %s failed", name, exc_info=exc)
+            if not runner.stopping and not any(e is exc for e in first):
+                first.append(exc)
+
+
+def _inline_emitter(
+    cohort: _Cohort,
+    name: str,
+    reject: Callable[[str], None],
+    first: list[BaseException],
+) -> Callable[[Any, BoundEvent | None], None]:
+    """What an inline watcher does with each payload its filter returned, as
+    :meth:`_Cohort._watch` does with each event: tell the observer, queue it in the
+    event store; a payload that is not JSON rejects its raw event; any other error
+    fails the group while the watcher is still subscribed (``WatcherLeft``)."""
+    runner = cohort.runner
+    manager = runner.manager
+    store = runner.store
+    put = store.put_event_nowait
+    observer = runner.observer
+    fired = None if type(observer).fired is RunObserver.fired else observer.fired
+    key = cohort.key
+    key_text = cohort.key_text
+    progress = cohort.progress
+    watcher_events = progress.watcher_events
+    watcher_events.setdefault(name, 0)
+    tracer = runner.tracer  # OpenTelemetry spans, or None (tracing off)
+
+    def emit(payload: Any, bound: BoundEvent | None) -> None:
+        if type(payload) is TriggerEvent:
+            payload = payload.payload
+        try:
+            message_id = None if bound is None else bound.message_id
+            if fired is not None:
+                fired(name, TriggerEvent(payload), message_id)
+            try:
+                if bound is None:
+                    put(name, key_text, payload, None, 0, None)
+                else:
+                    put(name, key_text, payload, message_id, bound.position, bound.seq)
+                progress.events += 1
+                watcher_events[name] += 1
+                if tracer is not None:
+                    tracer.fired(key, key_text, name, bound)
+            except TypeError as exc:
+                log.error("Watcher %s yielded an event that cannot be stored: %s", name, exc)
+                reject(f"watcher {name}: {exc}")
+                if bound is not None:
+                    manager.discard_pending_event(bound.seq)
+                observer.rejected_payload(name, exc)
+        except Exception as exc:
+            if not runner.stopping:
+                first.append(exc)
+                manager.fail_group(key, WatcherLeft(f"watcher {name} failed: {_why(exc)}"))
+            raise
+
+    return emit
+
+
+#: The cyclic garbage collector's first threshold while a runner runs (CPython's default
+#: is 700): the engine allocates a few short-lived objects per message, nearly all freed
+#: by reference counting, and collecting every 700 of them spent ~15% of the loop's
+#: time in the collector (bench/README.md, "Inline filters").
+GC_THRESHOLD: Final = 20_000
+
+
+@contextlib.contextmanager
+def _collector_tuned() -> Iterator[None]:
+    """While the pipeline runs: what exists at its start (modules, configuration) moved
+    out of the collector's sight (``gc.freeze``), and young collections rarer. Both
+    undone after."""
+    old = gc.get_threshold()
+    gc.freeze()
+    gc.set_threshold(max(old[0], GC_THRESHOLD), old[1], old[2])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*old)
+        gc.unfreeze()
 
 
 def _why(error: BaseException) -> str:
@@ -472,7 +604,8 @@ class Runner:
                     loop.add_signal_handler(sig, self._on_signal, sig)
                     installed.append(sig)
         try:
-            await self._run()
+            with _collector_tuned():
+                await self._run()
         finally:
             for sig in installed:
                 loop.remove_signal_handler(sig)

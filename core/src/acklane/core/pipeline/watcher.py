@@ -93,6 +93,16 @@ class WatcherTrigger(ConnectorTrigger[BaseModel]):
             self._filter = compile_filter(self.filter_spec, label=f"watcher {self.name}")
         return self._filter
 
+    @property
+    def inline(self) -> bool:
+        """Whether the engine may evaluate this watcher's filter inline: a synchronous
+        filter (declarative, a plain ``def``), and no subclass's own
+        ``filter_shared_stream`` in the way (that one runs as a generator)."""
+        return (
+            self.compiled_filter.inline
+            and type(self).filter_shared_stream is WatcherTrigger.filter_shared_stream
+        )
+
     async def filter_shared_stream(self, stream: AsyncIterator[Any]) -> AsyncIterator[TriggerEvent]:
         async for event in self.compiled_filter.run(stream, self):
             yield event
