@@ -155,3 +155,28 @@ async def test_a_cut_connection_is_recovered_without_loss(
         "scheduled": 0,
         "dead_letter": 0,
     }
+
+
+async def test_a_range_not_all_accepted_goes_one_by_one_by_lock_token(
+    bus: ServiceBusEmulator, proxy: LatencyProxy
+) -> None:
+    """The service refuses one completion of a range (and applies the rest): each
+    message is then completed by its lock token, the refused one included; the
+    ones the range completed read as lost locks, none is completed twice or lost."""
+    queue = bus.create_queue(lock_duration=60)
+    ServiceBusKit(bus.connection_string).send(queue, [f"m{i}".encode() for i in range(40)])
+    producer = ServiceBusStreamProducer(through(bus, proxy, queue, prefetch=40, receivers=1))
+    stream = producer.open_stream()
+    try:
+        pending = [await asyncio.wait_for(anext(stream), 30) for _ in range(40)]
+        bus.refuse_settlements(queue, 1)
+        await producer.advance([AdvanceItem(delivery, CLEAN) for _, delivery in pending])
+        await asyncio.wait_for(producer.flush(), 30)  # no outcome waited for in vain
+    finally:
+        await stream.aclose()
+        await producer.aclose()
+    assert bus.counts(queue)["messages"] == 0
+    counters = producer.counters()
+    assert counters["completed"] + counters["lease_lost"] == 40
+    assert counters["completed"] >= 1  # the refused one, by its lock token
+    assert producer.dispositions > producer.ranged + 1  # one by one after the range

@@ -32,7 +32,14 @@ from ._config import ServiceBusConfig
 from ._locks import abandon, lock_interval, renew_due
 from ._message import ServiceBusDelivery, ServiceBusMessage, identity_of
 from ._pacing import ReceivePacing, prefetched
-from ._settling import Settlement, complete_range, completion_ranges, link_of, settle
+from ._settling import (
+    Settlement,
+    complete_by_lock,
+    complete_range,
+    completion_ranges,
+    link_of,
+    settle,
+)
 
 __all__ = ["ServiceBusDelivery", "ServiceBusStreamProducer"]
 
@@ -354,20 +361,27 @@ class ServiceBusStreamProducer(SharedStreamProducer[ServiceBusDelivery]):
                     queue.popleft()
                 queue.extendleft(reversed(ordered))
                 for run in runs:
-                    if len(run) > 1 and await complete_range(run, describe):
+                    if len(run) == 1:
+                        await self._settle_one(queue)
+                        continue
+                    self.dispositions += 1
+                    if await complete_range(run, describe):
                         for _ in run:
                             queue.popleft()
                         self.completed += len(run)
-                        self.dispositions += 1
                         self.ranged += 1
                         continue
-                    for _ in run:
-                        await self._settle_one(queue)
+                    for _ in run:  # not all accepted: one by one, by lock token
+                        await self._settle_one(queue, by_lock=True)
 
-    async def _settle_one(self, queue: deque[Settlement]) -> None:
+    async def _settle_one(self, queue: deque[Settlement], by_lock: bool = False) -> None:
         """Send the settlement at the front of ``queue``; taken off once answered."""
+        describe = self.config.describe()
         try:
-            done = await settle(queue[0], self._receivers, self.config.describe())
+            if by_lock:
+                done = await complete_by_lock(queue[0], describe)
+            else:
+                done = await settle(queue[0], self._receivers, describe)
         except Exception as exc:
             mapped = ERRORS.map(exc, f"settling {queue[0].delivery.identity}", AdvanceError)
             self._tasks.fail(mapped)

@@ -12,8 +12,10 @@ that can share one (consecutive deliveries of the link that received them, their
 locks held), :func:`complete_range` sends it through the SDK's own link (its
 ``settle_messages_async``, awaiting the outcome as the SDK does for one message).
 When a range is not answered as accepted, its messages are completed one by one
-(:func:`settle`), which says precisely which lock was lost: a message the range
-did complete then reads as a lost lock, never as a second completion.
+by their lock tokens (:func:`complete_by_lock`, through ``$management``: a
+delivery the range settled would get no answer on the link), which says precisely
+which lock was lost: a message the range did complete then reads as a lost lock,
+never as a second completion.
 """
 
 from __future__ import annotations
@@ -23,6 +25,10 @@ from collections.abc import Container, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from azure.servicebus._common.constants import (
+    MESSAGE_COMPLETE,
+    MESSAGE_MGMT_SETTLEMENT_TERM_MAP,
+)
 from azure.servicebus.exceptions import ServiceBusError
 
 from acklane.core.connectors import Action, Verdict
@@ -31,7 +37,15 @@ from acklane.core.connectors.deadletter import bounded_text
 from ._locks import LOCK_LOST
 from ._message import ServiceBusDelivery
 
-__all__ = ["LOST", "Settlement", "complete_range", "completion_ranges", "link_of", "settle"]
+__all__ = [
+    "LOST",
+    "Settlement",
+    "complete_by_lock",
+    "complete_range",
+    "completion_ranges",
+    "link_of",
+    "settle",
+]
 
 log = logging.getLogger("acklane.connectors.servicebus")
 
@@ -94,6 +108,10 @@ async def settle(settlement: Settlement, open_receivers: Container[object], desc
         # Its receiver was closed already (its session let go, or lost): closing
         # released the message, and Service Bus delivers it again.
         why = "receiver closed"
+    return _lost(describe, delivery, why)
+
+
+def _lost(describe: str, delivery: ServiceBusDelivery, why: str) -> str:
     log.warning(
         "%s: message %s: lock lost before settlement (%s); it will be redelivered",
         describe,
@@ -101,6 +119,25 @@ async def settle(settlement: Settlement, open_receivers: Container[object], desc
         why,
     )
     return LOST
+
+
+async def complete_by_lock(settlement: Settlement, describe: str) -> str:
+    """Complete one message by its lock token, through the receiver's ``$management``
+    link (what the SDK itself falls back to); an :class:`Action`, or :data:`LOST`."""
+    delivery = settlement.delivery
+    receiver: Any = delivery.receiver
+    try:
+        await receiver._settle_message_via_mgmt_link(
+            MESSAGE_MGMT_SETTLEMENT_TERM_MAP[MESSAGE_COMPLETE], [delivery.message.lock_token]
+        )
+    except LOCK_LOST as exc:
+        return _lost(describe, delivery, type(exc).__name__)
+    except ServiceBusError as exc:
+        if "lock" not in str(exc).lower():
+            raise
+        return _lost(describe, delivery, type(exc).__name__)
+    delivery.message._settled = True
+    return Action.COMPLETED
 
 
 def link_of(receiver: Any) -> Any:
