@@ -32,6 +32,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -65,6 +66,20 @@ async def _counted_receive(self: ServiceBusStreamProducer, receiver: Any) -> lis
 
 
 ServiceBusStreamProducer._receive_messages = _counted_receive  # type: ignore[method-assign]
+
+
+#: The local emulator's process, whose CPU time the engine rows report beside their own.
+EMULATOR_PID = [0]
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (0 when unknown)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def fill(client: ServiceBusClient, queue: str, total: int) -> None:
@@ -136,6 +151,7 @@ async def through_engine(
                 all_seen.set()
 
     started = time.perf_counter()
+    cpu, emulator_cpu = time.process_time(), cpu_seconds(EMULATOR_PID[0])
     async with asyncio.TaskGroup() as tg:
         tasks = [tg.create_task(watch(i)) for i in range(watchers)]
         await all_seen.wait()
@@ -144,6 +160,12 @@ async def through_engine(
             await asyncio.sleep(0.002)
         seconds = time.perf_counter() - started
         calls = RECEIVES[0] + producer.dispositions
+        here = time.process_time() - cpu
+        print(
+            f"  engine, {watchers} watcher(s): {seconds:.2f} s wall; CPU {here:.2f} s here, {cpu_seconds(EMULATOR_PID[0]) - emulator_cpu:.2f} s in the emulator; "
+            f"{RECEIVES[0]} receives, {producer.dispositions} dispositions "
+            f"({producer.ranged} ranges)"
+        )
         await manager.stop_all()
         for task in tasks:
             task.cancel()
@@ -204,6 +226,8 @@ async def main(args: argparse.Namespace) -> None:
     if emulator.backend != "local":
         raise SystemExit("bench/servicebus.py: the latency proxy needs the local emulator")
     emulator.start()
+    process = getattr(emulator, "_process", None)
+    EMULATOR_PID[0] = process.pid if process is not None else 0
     try:
         print(f"Service Bus emulator: {emulator.backend} at {emulator.endpoint}")
         for rtt_ms in args.rtt_ms:
