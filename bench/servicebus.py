@@ -161,8 +161,10 @@ async def through_engine(
         seconds = time.perf_counter() - started
         calls = RECEIVES[0] + producer.dispositions
         here = time.process_time() - cpu
+        there = cpu_seconds(EMULATOR_PID[0]) - emulator_cpu
         print(
-            f"  engine, {watchers} watcher(s): {seconds:.2f} s wall; CPU {here:.2f} s here, {cpu_seconds(EMULATOR_PID[0]) - emulator_cpu:.2f} s in the emulator; "
+            f"  engine, {watchers} watcher(s): {seconds:.2f} s wall; CPU {here:.2f} s here, "
+            f"{there:.2f} s in the emulator; "
             f"{RECEIVES[0]} receives, {producer.dispositions} dispositions "
             f"({producer.ranged} ranges)"
         )
