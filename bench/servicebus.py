@@ -159,14 +159,16 @@ async def through_engine(
         while producer.completed < total:  # the last settlements land
             await asyncio.sleep(0.002)
         seconds = time.perf_counter() - started
-        calls = RECEIVES[0] + producer.dispositions
+        # (an older connector, for A/B runs, counts no dispositions: one per completion)
+        dispositions = getattr(producer, "dispositions", producer.completed)
+        calls = RECEIVES[0] + dispositions
         here = time.process_time() - cpu
         there = cpu_seconds(EMULATOR_PID[0]) - emulator_cpu
         print(
             f"  engine, {watchers} watcher(s): {seconds:.2f} s wall; CPU {here:.2f} s here, "
             f"{there:.2f} s in the emulator; "
-            f"{RECEIVES[0]} receives, {producer.dispositions} dispositions "
-            f"({producer.ranged} ranges)"
+            f"{RECEIVES[0]} receives, {dispositions} dispositions "
+            f"({getattr(producer, 'ranged', 0)} ranges)"
         )
         await manager.stop_all()
         for task in tasks:
