@@ -112,7 +112,13 @@ async def test_a_cut_connection_is_recovered_without_loss(
     kit = ServiceBusKit(bus.connection_string)
     kit.send(queue, [f"m{i}".encode() for i in range(120)])
     producer = ServiceBusStreamProducer(
-        through(bus, proxy, queue, prefetch=20, client_options={"retry_backoff_factor": 0.1})
+        through(
+            bus,
+            proxy,
+            queue,
+            prefetch=20,
+            client_options={"retry_backoff_factor": 0.1, "retry_backoff_max": 0.5},
+        )
     )
     stream = producer.open_stream()
     seen: set[int] = set()
