@@ -146,7 +146,7 @@ async def test_a_cut_connection_is_recovered_without_loss(
                 await producer.advance(batch)
             await producer.flush()
             while bus.counts(queue)["messages"] > 0:  # redeliveries of the lost link's
-                record, delivery = await asyncio.wait_for(anext(stream), 10)
+                record, delivery = await asyncio.wait_for(anext(stream), 30)
                 await producer.advance([AdvanceItem(delivery, CLEAN)])
                 await producer.flush()
     finally:
