@@ -6,7 +6,10 @@
   every trigger event confirmed persisted at once (the store is not measured);
 - :func:`best_of` runs the consumers round after round, interleaved, and keeps each
   one's best; :func:`print_table` and :func:`print_verdict` print the figures;
-- :func:`arguments` is the command line they have in common.
+- :func:`arguments` is the command line they have in common; :func:`add_rtt` and
+  :func:`latency` put acklane's latency proxy between the consumers and the
+  emulator (``--rtt-ms``), :func:`print_rtt_verdict` says whether the engine with
+  one watcher keeps up with the bare loop there.
 """
 
 from __future__ import annotations
@@ -22,8 +25,11 @@ from typing import Any
 from acklane.core.manager import SharedStreamManager
 from acklane.core.trigger import BaseEventTrigger
 from acklane.integration.emulator import Emulator
+from acklane.integration.netproxy import ProxyProcess
 
 TARGET_CALLS_PER_MESSAGE = 0.25
+#: The engine with one watcher against the bare SDK loop, through the same proxy.
+TARGET_VERSUS_BARE = 0.9
 
 
 @dataclass
@@ -192,4 +198,33 @@ def print_verdict(broker: str, acklane: list[Result]) -> None:
     print(
         f"{verdict} acklane {broker} calls/message = {worst:.3f} at worst "
         f"(target <= {TARGET_CALLS_PER_MESSAGE})"
+    )
+
+
+def add_rtt(parser: argparse.ArgumentParser, default: tuple[float, ...] = (0.0, 5.0)) -> None:
+    """``--rtt-ms``: the round trips the consumers run at, through the latency proxy."""
+    parser.add_argument(
+        "--rtt-ms",
+        type=float,
+        nargs="+",
+        default=list(default),
+        help="round trips added between the consumers and the emulator, in ms (one run each)",
+    )
+
+
+@contextlib.contextmanager
+def latency(host: str, port: int, rtt_ms: float, listen_port: int = 0) -> Iterator[ProxyProcess]:
+    """acklane's latency proxy before ``host:port``, ``rtt_ms`` of round trip, in a process
+    of its own (its work is not the measured process's), on ``listen_port`` if given."""
+    with ProxyProcess(host, port, rtt=rtt_ms / 1000, listen_port=listen_port) as proxy:
+        yield proxy
+
+
+def print_rtt_verdict(broker: str, rtt_ms: float, bare: Result, engine: Result) -> None:
+    """PASS or MISS: the engine with one watcher against the bare loop, both proxied."""
+    ratio = engine.rate / bare.rate
+    verdict = "PASS" if ratio >= TARGET_VERSUS_BARE else "MISS"
+    print(
+        f"{verdict} {broker} at {rtt_ms:g} ms round trip: {engine.name} / {bare.name} = "
+        f"{ratio:.2f} (target >= {TARGET_VERSUS_BARE})"
     )

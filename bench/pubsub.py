@@ -17,6 +17,11 @@ Acknowledge, ModifyAckDeadline, Publish and GetSubscription, start-up included;
 the bare loop counts its own Pull and Acknowledge calls. The target is at most
 0.25 calls per message (PASS/MISS).
 
+The consumers reach the emulator through acklane's latency proxy, once per
+``--rtt-ms`` round trip (default 0 and 5 ms); topics, subscriptions and the feeder
+go directly. At each, the engine with one watcher is compared with the bare loop
+(target >= 0.9).
+
     uv run python bench/pubsub.py
     uv run python bench/pubsub.py --messages 5000 --watchers 20 --repeat 3
 """
@@ -34,9 +39,12 @@ from _versus_bare import (  # the bench directory, not a package: found through 
     Feeder,
     Result,
     add_repeat,
+    add_rtt,
     arguments,
     best_of,
     engine_seconds,
+    latency,
+    print_rtt_verdict,
     print_table,
     print_verdict,
     started,
@@ -57,9 +65,11 @@ async def new_subscription(
     return subscription, Feeder(functools.partial(kit.publish, topic), total, backlog, idle=0.002)
 
 
-async def bare_loop(kit: PubSubKit, total: int, backlog: int, max_messages: int) -> Result:
+async def bare_loop(
+    kit: PubSubKit, host: str, total: int, backlog: int, max_messages: int
+) -> Result:
     subscription, feeder = await new_subscription(kit, "bench-bare", total, backlog)
-    client = subscriber_client(kit.host)
+    client = subscriber_client(host)
     calls = 0
 
     async def consume() -> None:
@@ -119,13 +129,13 @@ async def through_engine(
     return Result(name, total, seconds, calls)
 
 
-def report(results: list[Result]) -> None:
+def report(results: list[Result], rtt_ms: float) -> None:
     print_table(results)
     base, engine = results[0], results[1:]
     if len(engine) == 2:
         print(f"{engine[1].name} / {engine[0].name}: {engine[1].rate / engine[0].rate:.2f}x")
     print_verdict("Pub/Sub", engine)
-    print(f"acklane engine, 1 watcher / bare loop = {engine[0].rate / base.rate:.2f} (messages/s)")
+    print_rtt_verdict("Pub/Sub", rtt_ms, base, engine[0])
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -133,18 +143,26 @@ async def main(args: argparse.Namespace) -> None:
     import os
 
     backend = "docker" if os.environ.get(BACKEND_ENV, "").strip().lower() == "docker" else "local"
-    with started(emulator_for("pubsub", backend), "Pub/Sub") as settings:
+    with started(emulator_for("pubsub", backend), "Pub/Sub") as direct:
+        host, port = str(direct["emulator_host"]).rsplit(":", 1)
+        for rtt_ms in args.rtt_ms:
+            with latency(host, int(port), rtt_ms) as proxy:
+                settings = dict(direct, emulator_host=proxy.address)
 
-        async def one_round() -> list[Result]:
-            async with PubSubKit(settings) as kit:
-                n, backlog, size = args.messages, args.backlog, args.max_messages
-                return [
-                    await bare_loop(kit, n, backlog, size),
-                    await through_engine(kit, settings, n, backlog, 1, size),
-                    await through_engine(kit, settings, n, backlog, args.watchers, size),
-                ]
+                async def one_round(
+                    settings: dict[str, Any] = settings, address: str = proxy.address
+                ) -> list[Result]:
+                    async with PubSubKit(direct) as kit:  # entities and the feeder: direct
+                        n, backlog, size = args.messages, args.backlog, args.max_messages
+                        return [
+                            await bare_loop(kit, address, n, backlog, size),
+                            await through_engine(kit, settings, n, backlog, 1, size),
+                            await through_engine(kit, settings, n, backlog, args.watchers, size),
+                        ]
 
-        report(await best_of(args.repeat, one_round, f", max_messages={args.max_messages}"))
+                print(f"\nround trip {rtt_ms:g} ms (latency proxy)")
+                about = f", max_messages={args.max_messages}"
+                report(await best_of(args.repeat, one_round, about), rtt_ms)
 
 
 if __name__ == "__main__":
@@ -158,4 +176,5 @@ if __name__ == "__main__":
         "--max-messages", type=int, default=100, help="messages per Pull (bare loop and connector)"
     )
     add_repeat(parser, 2)
+    add_rtt(parser)
     asyncio.run(main(parser.parse_args()))

@@ -16,8 +16,14 @@ SDK completes one message per call, so at least 1 per message).
 Each consumer runs ``--repeat`` times, interleaved, and its best run is shown,
 with its ratio to the baseline.
 
+Both consumers reach the emulator through acklane's latency proxy
+(``acklane.integration.netproxy``, in a process of its own), once per
+``--rtt-ms`` round trip (default 0 and 5 ms): a real namespace is a few
+milliseconds away, and a settlement per round trip is what caps a receiver
+there. The queues are filled directly (the fill is not timed).
+
     uv run python bench/servicebus.py
-    uv run python bench/servicebus.py --messages 2000 --watchers 1 5 20
+    uv run python bench/servicebus.py --messages 2000 --watchers 1 5 20 --rtt-ms 5
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -45,6 +52,8 @@ from acklane.connectors.servicebus import (
 from acklane.core.manager import SharedStreamManager
 from acklane.core.trigger import TriggerEvent
 from acklane.integration.emulator import emulator_for
+from acklane.integration.netproxy import ProxyProcess
+from acklane.integration.servicebus._launcher import connection_string as connection_string_of
 
 # The producer's receive calls, counted by wrapping its one receive helper.
 RECEIVES = [0]
@@ -59,6 +68,20 @@ async def _counted_receive(self: ServiceBusStreamProducer, receiver: Any) -> lis
 ServiceBusStreamProducer._receive_messages = _counted_receive  # type: ignore[method-assign]
 
 
+#: The local emulator's process, whose CPU time the engine rows report beside their own.
+EMULATOR_PID = [0]
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (0 when unknown)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 async def fill(client: ServiceBusClient, queue: str, total: int) -> None:
     async with client.get_queue_sender(queue) as sender:
         for start in range(0, total, 100):
@@ -68,10 +91,12 @@ async def fill(client: ServiceBusClient, queue: str, total: int) -> None:
             await sender.send_messages(batch)
 
 
-async def bare_loop(client: ServiceBusClient, queue: str, total: int, batch: int) -> Result:
+async def bare_loop(
+    client: ServiceBusClient, queue: str, total: int, batch: int, prefetch: int
+) -> Result:
     done = calls = 0
     started = time.perf_counter()
-    async with client.get_queue_receiver(queue, prefetch_count=batch) as receiver:
+    async with client.get_queue_receiver(queue, prefetch_count=prefetch) as receiver:
         while done < total:
             messages = await receiver.receive_messages(max_message_count=batch, max_wait_time=1)
             calls += 1
@@ -99,7 +124,7 @@ class BenchWatcher(ServiceBusMessageTrigger):
 
 
 async def through_engine(
-    connection_string: str, queue: str, total: int, batch: int, watchers: int
+    connection_string: str, queue: str, total: int, batch: int, prefetch: int, watchers: int
 ) -> Result:
     manager = SharedStreamManager(max_subscriber_queue=4096, ack_timeout=300.0)
     BenchWatcher.producers.clear()
@@ -110,7 +135,7 @@ async def through_engine(
         "connection_string": connection_string,
         "queue": queue,
         "batch_size": batch,
-        "prefetch": batch,
+        "prefetch": prefetch,
         "max_wait_time": 1,
     }
 
@@ -126,6 +151,7 @@ async def through_engine(
                 all_seen.set()
 
     started = time.perf_counter()
+    cpu, emulator_cpu = time.process_time(), cpu_seconds(EMULATOR_PID[0])
     async with asyncio.TaskGroup() as tg:
         tasks = [tg.create_task(watch(i)) for i in range(watchers)]
         await all_seen.wait()
@@ -133,7 +159,17 @@ async def through_engine(
         while producer.completed < total:  # the last settlements land
             await asyncio.sleep(0.002)
         seconds = time.perf_counter() - started
-        calls = RECEIVES[0] + producer.completed
+        # (an older connector, for A/B runs, counts no dispositions: one per completion)
+        dispositions = getattr(producer, "dispositions", producer.completed)
+        calls = RECEIVES[0] + dispositions
+        here = time.process_time() - cpu
+        there = cpu_seconds(EMULATOR_PID[0]) - emulator_cpu
+        print(
+            f"  engine, {watchers} watcher(s): {seconds:.2f} s wall; CPU {here:.2f} s here, "
+            f"{there:.2f} s in the emulator; "
+            f"{RECEIVES[0]} receives, {dispositions} dispositions "
+            f"({getattr(producer, 'ranged', 0)} ranges)"
+        )
         await manager.stop_all()
         for task in tasks:
             task.cancel()
@@ -141,37 +177,65 @@ async def through_engine(
     return Result(name, total, seconds, calls)
 
 
-def report(results: list[Result]) -> None:
+def report(results: list[Result], rtt_ms: float) -> None:
     print_table(results)
     print(
-        "calls: receive calls + one settlement call per message (the SDK has no batch "
-        "settle); no calls/message target on Service Bus"
+        "calls: receive calls + settlement calls (the bare loop one per message; acklane "
+        "completes runs of consecutive messages in one disposition)"
     )
+    best = max(r.rate for r in results[1:2])  # the engine with the first --watchers count
+    base = results[0].rate
+    target = best >= 0.9 * base and (rtt_ms < 5 or best >= 1000)
+    print(
+        f"{'PASS' if target else 'MISS'} at {rtt_ms:g} ms round trip: engine {best:.0f} msgs/s, "
+        f"{best / base:.2f} of the bare loop (target >= 0.9"
+        f"{', and >= 1000 msgs/s' if rtt_ms >= 5 else ''})"
+    )
+
+
+async def one_rtt(emulator: Any, args: argparse.Namespace, rtt_ms: float) -> None:
+    direct = emulator.client_settings()["connection_string"]
+    host, port = emulator.endpoint.removeprefix("sb://").rsplit(":", 1)
+    with ProxyProcess(host, int(port), rtt=rtt_ms / 1000) as proxy:
+        proxied = connection_string_of(proxy.host, proxy.port, emulator.key)
+        runs: list[list[Result]] = []
+        async with (
+            ServiceBusClient.from_connection_string(direct) as filler,
+            ServiceBusClient.from_connection_string(proxied) as client,
+        ):
+            for _ in range(args.repeat):  # interleaved, so a busy moment hurts all alike
+                row: list[Result] = []
+                queue = emulator.create_queue(lock_duration=60)
+                await fill(filler, queue, args.messages)
+                row.append(await bare_loop(client, queue, args.messages, args.batch, args.prefetch))
+                for n in args.watchers:
+                    queue = emulator.create_queue(lock_duration=60)
+                    await fill(filler, queue, args.messages)
+                    row.append(
+                        await through_engine(
+                            proxied, queue, args.messages, args.batch, args.prefetch, n
+                        )
+                    )
+                runs.append(row)
+    print(
+        f"\nround trip {rtt_ms:g} ms (latency proxy): best of {args.repeat} runs per "
+        f"consumer, {args.messages} messages each, batch {args.batch}, prefetch {args.prefetch}"
+    )
+    report([max(column, key=lambda r: r.rate) for column in zip(*runs, strict=True)], rtt_ms)
 
 
 async def main(args: argparse.Namespace) -> None:
     logging.getLogger("azure").setLevel(logging.ERROR)
     emulator = emulator_for("servicebus")
+    if emulator.backend != "local":
+        raise SystemExit("bench/servicebus.py: the latency proxy needs the local emulator")
     emulator.start()
+    process = getattr(emulator, "_process", None)
+    EMULATOR_PID[0] = process.pid if process is not None else 0
     try:
-        connection_string = emulator.client_settings()["connection_string"]
         print(f"Service Bus emulator: {emulator.backend} at {emulator.endpoint}")
-        runs: list[list[Result]] = []
-        async with ServiceBusClient.from_connection_string(connection_string) as client:
-            for _ in range(args.repeat):  # interleaved, so a busy moment hurts all alike
-                row: list[Result] = []
-                queue = emulator.create_queue(lock_duration=60)  # type: ignore[attr-defined]
-                await fill(client, queue, args.messages)
-                row.append(await bare_loop(client, queue, args.messages, args.batch))
-                for n in args.watchers:
-                    queue = emulator.create_queue(lock_duration=60)  # type: ignore[attr-defined]
-                    await fill(client, queue, args.messages)
-                    row.append(
-                        await through_engine(connection_string, queue, args.messages, args.batch, n)
-                    )
-                runs.append(row)
-        print(f"best of {args.repeat} runs per consumer, {args.messages} messages each")
-        report([max(column, key=lambda r: r.rate) for column in zip(*runs, strict=True)])
+        for rtt_ms in args.rtt_ms:
+            await one_rtt(emulator, args, rtt_ms)
     finally:
         with contextlib.suppress(Exception):
             emulator.stop()
@@ -180,7 +244,11 @@ async def main(args: argparse.Namespace) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=1000, help="messages per consumer")
-    parser.add_argument("--batch", type=int, default=20, help="max batch and prefetch")
+    parser.add_argument("--batch", type=int, default=20, help="max messages per receive")
+    parser.add_argument("--prefetch", type=int, default=100, help="the receivers' prefetch")
+    parser.add_argument(
+        "--rtt-ms", type=float, nargs="+", default=[0.0, 5.0], help="round trips to add, in ms"
+    )
     parser.add_argument(
         "--watchers", type=int, nargs="+", default=[1, 20], help="watchers sharing the poll"
     )

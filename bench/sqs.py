@@ -15,8 +15,12 @@ local server slows down past a few hundred messages). Each consumer runs
 steady-state ones (receive, delete, visibility), not the start-up look-ups;
 the target is at most 0.25 calls per message.
 
+The consumers reach the emulator through acklane's latency proxy, once per
+``--rtt-ms`` round trip (default 0 and 5 ms); the feeder sends directly. At each,
+the engine with one watcher is compared with the bare loop (target >= 0.9).
+
     uv run python bench/sqs.py
-    uv run python bench/sqs.py --messages 3000 --watchers 5
+    uv run python bench/sqs.py --messages 3000 --watchers 5 --rtt-ms 5
 """
 
 from __future__ import annotations
@@ -26,15 +30,19 @@ import asyncio
 import functools
 import logging
 from typing import Any
+from urllib.parse import urlsplit
 
 import aioboto3
 from _versus_bare import (  # the bench directory, not a package: found through sys.path
     Feeder,
     Result,
     add_repeat,
+    add_rtt,
     arguments,
     best_of,
     engine_seconds,
+    latency,
+    print_rtt_verdict,
     print_table,
     print_verdict,
     started,
@@ -145,31 +153,45 @@ async def through_engine(
         time_the_stop=True,
     )
     [producer] = BenchWatcher.producers
-    return Result(f"acklane engine, {watchers} watchers", total, seconds, steady_calls(producer))
+    name = f"acklane engine, {watchers} watcher{'s' * (watchers > 1)}"
+    return Result(name, total, seconds, steady_calls(producer))
 
 
-def report(results: list[Result]) -> None:
+def report(results: list[Result], rtt_ms: float) -> None:
     print_table(results)
     print_verdict("SQS", results[1:])
     base, engine = results[0], results[-1]
     print(f"acklane engine / bare loop = {engine.rate / base.rate:.2f} (messages/s)")
+    one = next(r for r in results if r.name == "acklane engine, 1 watcher")
+    print_rtt_verdict("SQS", rtt_ms, base, one)
 
 
 async def main(args: argparse.Namespace) -> None:
     logging.getLogger("acklane.connectors.sqs").setLevel(logging.ERROR)  # no-DLQ notices
-    with started(emulator_for("sqs"), "SQS") as settings:
+    with started(emulator_for("sqs"), "SQS") as direct:
+        where = urlsplit(direct["endpoint_url"])
+        assert where.hostname is not None and where.port is not None
+        counts = sorted({1, args.watchers})
+        for rtt_ms in args.rtt_ms:
+            with latency(where.hostname, where.port, rtt_ms) as proxy:
+                settings = dict(direct, endpoint_url=f"http://{proxy.address}")
 
-        async def one_round() -> list[Result]:
-            async with SqsQueues(settings) as queues:
-                return [
-                    await bare_loop(settings, queues, args.messages, args.backlog),
-                    await producer_direct(settings, queues, args.messages, args.backlog),
-                    await through_engine(
-                        settings, queues, args.messages, args.backlog, args.watchers
-                    ),
-                ]
+                async def one_round(settings: dict[str, Any] = settings) -> list[Result]:
+                    async with SqsQueues(direct) as queues:  # created and fed directly
+                        results = [
+                            await bare_loop(settings, queues, args.messages, args.backlog),
+                            await producer_direct(settings, queues, args.messages, args.backlog),
+                        ]
+                        for n in counts:
+                            results.append(
+                                await through_engine(
+                                    settings, queues, args.messages, args.backlog, n
+                                )
+                            )
+                        return results
 
-        report(await best_of(args.repeat, one_round))
+                print(f"\nround trip {rtt_ms:g} ms (latency proxy)")
+                report(await best_of(args.repeat, one_round), rtt_ms)
 
 
 if __name__ == "__main__":
@@ -179,5 +201,6 @@ if __name__ == "__main__":
         backlog=(30, "queue backlog kept by the feeder"),
         watchers=(3, "watchers sharing the engine's poll"),
     )
-    add_repeat(parser, 3)
+    add_repeat(parser, 2)
+    add_rtt(parser)
     asyncio.run(main(parser.parse_args()))

@@ -34,9 +34,15 @@ def test_key_and_description_never_hold_the_secret() -> None:
         {"connection_string": CS, "queue": "q", "typo": 1},
         {"connection_string": CS, "queue": "q", "client_options": {"receive_mode": 1}},
         {"connection_string": "no endpoint", "queue": "q"},
+        {"connection_string": CS, "queue": "q", "receivers": 0},
     ],
 )
 def test_bad_blocks_are_refused(fields: dict[str, object]) -> None:
     with pytest.raises(ValidationError) as info:
         ServiceBusConfig.model_validate(fields)
     assert "TOPSECRET" not in str(info.value)
+
+
+def test_two_receivers_by_default_on_an_entity_without_sessions() -> None:
+    assert ServiceBusConfig(connection_string=CS, queue="q").receivers == 2
+    assert ServiceBusConfig(connection_string=CS, queue="q", receivers=8).receivers == 8

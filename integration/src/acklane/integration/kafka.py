@@ -184,9 +184,14 @@ class TansuEmulator(Emulator):
         storage: str = "memory://tansu/",
         startup_timeout: float = 30.0,
         cluster_id: str | None = None,
+        advertised: str | None = None,
     ) -> None:
         self.host = host
         self.port = port
+        #: ``host:port`` the broker names in its metadata (clients connect there after
+        #: the bootstrap): a proxy before it (``acklane.integration.netproxy``); its own
+        #: address by default.
+        self.advertised = advertised
         self.binary = binary
         self.storage = storage
         #: Kept across stop() and start() of this emulator; unique to it unless given.
@@ -240,7 +245,7 @@ class TansuEmulator(Emulator):
                 "--listener-url",
                 url,
                 "--advertised-listener-url",
-                url,
+                f"tcp://{self.advertised}" if self.advertised else url,
                 "--storage-engine",
                 self.storage,
                 f"--cluster-id={self.cluster_id}",

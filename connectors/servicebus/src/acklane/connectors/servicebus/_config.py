@@ -58,6 +58,9 @@ class ServiceBusConfig(StreamSettings):
     sessions: bool = False
     #: Sessions accepted at once (each a receiver holding its session's lock).
     max_sessions: int = Field(default=4, ge=1, le=256)
+    #: Receivers (each a link on a connection of its own) on a sessionless entity at
+    #: once: each receives and settles on its own, so round trips overlap.
+    receivers: int = Field(default=2, ge=1, le=64)
     #: Seconds an accepted session stays with nothing to deliver before it is let go.
     session_idle_timeout: float = Field(default=5.0, gt=0)
     prefetch: int = Field(default=20, ge=0, le=10_000)

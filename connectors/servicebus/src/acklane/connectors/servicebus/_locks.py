@@ -102,6 +102,12 @@ async def abandon(held: list[ServiceBusDelivery], describe: str, budget: float) 
         async with asyncio.timeout(budget):
             for delivery in held:
                 delivery.settled = True
+                if (
+                    delivery.link is not None
+                    and getattr(delivery.receiver, "_handler", None) is not delivery.link
+                ):
+                    lost += 1  # its link went (a reconnect): released with it already
+                    continue
                 try:
                     await delivery.receiver.abandon_message(delivery.message)
                 except LOCK_LOST:

@@ -82,7 +82,11 @@ class ServiceBusMessage(RawMessage):
 
 @dataclass(slots=True, eq=False)
 class ServiceBusDelivery:
-    """The broker payload: the SDK message and the receiver that must settle it."""
+    """The broker payload: the SDK message and the receiver that must settle it.
+
+    ``link`` is the receiver's AMQP link handler that received the message (the
+    SDK replaces it when it reconnects): delivery ids are only meaningful on it.
+    """
 
     message: Any
     receiver: ServiceBusReceiver
@@ -90,3 +94,4 @@ class ServiceBusDelivery:
     session_id: str | None
     received_at: float
     settled: bool = False
+    link: Any = None

@@ -16,17 +16,33 @@ message there; then for ``batch_size`` (fewer calls) until a batch comes short
 (:meth:`ReceivePacing.count`). And while a receiver has messages the engine
 holds, a receive waits at most ``busy_wait``: their settlements should not wait
 behind a long empty receive.
+
+Messages the SDK prefetched wait in its receive buffer: a receive of no more than
+that many returns them at once without reading the connection
+(:func:`prefetched` tells how many), so it asks for them, up to ``batch_size``,
+whatever the backlog streak, and the settlements queued are left to the flusher
+rather than sent first (no round trip before the receive).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Hashable
+from typing import Any
 
-__all__ = ["ReceivePacing"]
+__all__ = ["ReceivePacing", "prefetched"]
 
 #: A receive of one message that took less found it there (no wait): a backlog sign.
 QUICK = 0.001
+
+
+def prefetched(receiver: Any) -> int:
+    """Messages waiting in ``receiver``'s SDK buffer (prefetched, not yet received);
+    0 when unknown (the SDK's pyamqp receive client keeps them in a queue)."""
+    handler = getattr(receiver, "_handler", None)
+    buffer = getattr(handler, "_received_messages", None)
+    size = getattr(buffer, "qsize", None)
+    return int(size()) if callable(size) else 0
 
 
 class ReceivePacing:
@@ -47,9 +63,14 @@ class ReceivePacing:
             lock = self._locks[receiver] = asyncio.Lock()
         return lock
 
-    def count(self, receiver: Hashable) -> int:
-        """How many messages the next receive asks for: 1, or ``batch_size`` in a backlog."""
+    def count(self, receiver: Hashable, buffered: int = 0) -> int:
+        """How many messages the next receive asks for: what waits in the SDK's buffer
+        (``buffered``, at most ``batch_size``: a backlog), else 1, or ``batch_size`` in
+        a backlog."""
         batch = self.max_batch
+        if buffered > 0:
+            self._streak[receiver] = batch  # prefetched messages waiting: a backlog
+            return min(buffered, batch)
         return batch if self._streak.get(receiver, 0) >= batch else 1
 
     def wait_time(self, busy: bool) -> float:

@@ -31,8 +31,15 @@ from ._check import ERRORS, UNREACHABLE
 from ._config import ServiceBusConfig
 from ._locks import abandon, lock_interval, renew_due
 from ._message import ServiceBusDelivery, ServiceBusMessage, identity_of
-from ._pacing import ReceivePacing
-from ._settling import Settlement, settle
+from ._pacing import ReceivePacing, prefetched
+from ._settling import (
+    Settlement,
+    complete_by_lock,
+    complete_range,
+    completion_ranges,
+    link_of,
+    settle,
+)
 
 __all__ = ["ServiceBusDelivery", "ServiceBusStreamProducer"]
 
@@ -67,6 +74,8 @@ class ServiceBusStreamProducer(SharedStreamProducer[ServiceBusDelivery]):
         self.config = config
         self.completed = self.abandoned = self.dead_lettered = 0
         self.renewed = self.lock_lost = self.delivered = 0
+        #: Settlement calls sent (a range of completions counts one), and of them ranges.
+        self.dispositions = self.ranged = 0
         self._client: ServiceBusClient | None = None
         self._outstanding: dict[int, ServiceBusDelivery] = {}
         self._receivers: set[ServiceBusReceiver] = set()
@@ -115,7 +124,8 @@ class ServiceBusStreamProducer(SharedStreamProducer[ServiceBusDelivery]):
             raise RuntimeError(f"{self.config.describe()}: open_stream() may be called once")
         self._opened = True
         self._client = self.config.make_client()
-        for n in range(self.config.max_sessions if self.config.sessions else 1):
+        cfg = self.config
+        for n in range(cfg.max_sessions if cfg.sessions else cfg.receivers):
             self._tasks.spawn(self._receive_loop(), f"servicebus receive {n}")
         keeper = kit.LeaseKeeper(
             self._renew_due,
@@ -235,9 +245,11 @@ class ServiceBusStreamProducer(SharedStreamProducer[ServiceBusDelivery]):
         )
 
     async def _receive_messages(self, receiver: ServiceBusReceiver) -> list[Any]:
-        await self._settlements.flush(receiver)  # settlements queued before go first
         pace = self._pacing
-        count = pace.count(receiver)
+        buffered = prefetched(receiver)
+        if not buffered:  # else returned at once, without a read: the flusher settles
+            await self._settlements.flush(receiver)  # settlements queued before go first
+        count = pace.count(receiver, buffered)
         async with pace.lock(receiver):
             started = time.monotonic()
             messages: list[Any] = await receiver.receive_messages(
@@ -251,9 +263,10 @@ class ServiceBusStreamProducer(SharedStreamProducer[ServiceBusDelivery]):
     ) -> int:
         now = time.monotonic()
         entity = self.config.entity
+        link = link_of(receiver)  # the link that received them: their delivery ids are its
         for message in messages:
             delivery = ServiceBusDelivery(
-                message, receiver, self._identity(message), session_id, now
+                message, receiver, self._identity(message), session_id, now, link=link
             )
             self._outstanding[id(delivery)] = delivery
             record = ServiceBusMessage.from_received(message, delivery.identity, entity)
@@ -325,24 +338,57 @@ class ServiceBusStreamProducer(SharedStreamProducer[ServiceBusDelivery]):
         await self._settlements.flush()
 
     async def _send(self, receiver: ServiceBusReceiver, queue: deque[Settlement]) -> None:
-        """Send ``receiver``'s settlements one after the other, in their order.
+        """Send ``receiver``'s settlements in their order, completions in ranges.
 
-        One at a time, each read of the connection waits for the answer just asked
-        for: concurrent settlements would make the SDK read past the last answer and
-        hold the connection for its socket timeout. A failure other than a lost lock
-        fails the group; the settlements not sent yet stay queued (``aclose`` tries
-        them once more).
+        The completions at the front go in as few dispositions as their delivery ids
+        allow (``_settling.completion_ranges``: one round trip for a whole run of
+        them), the rest one at a time. One call at a time on the connection: each
+        read of it waits for the answer just asked for; concurrent settlements would
+        make the SDK read past the last answer and hold the connection for its
+        socket timeout. A failure other than a lost lock fails the group; the
+        settlements not sent yet stay queued (``aclose`` tries them once more).
         """
+        describe = self.config.describe()
         async with self._pacing.lock(receiver):
             while queue:
-                try:
-                    done = await settle(queue[0], self._receivers, self.config.describe())
-                except Exception as exc:
-                    mapped = ERRORS.map(exc, f"settling {queue[0].delivery.identity}", AdvanceError)
-                    self._tasks.fail(mapped)
-                    raise mapped from exc
-                self._count(done)
-                queue.popleft()
+                runs = completion_ranges(queue)
+                if not runs:
+                    await self._settle_one(queue)
+                    continue
+                # the head's completions in delivery id order, taken off as they land
+                ordered = [settlement for run in runs for settlement in run]
+                for _ in ordered:
+                    queue.popleft()
+                queue.extendleft(reversed(ordered))
+                for run in runs:
+                    if len(run) == 1:
+                        await self._settle_one(queue)
+                        continue
+                    self.dispositions += 1
+                    if await complete_range(run, describe):
+                        for _ in run:
+                            queue.popleft()
+                        self.completed += len(run)
+                        self.ranged += 1
+                        continue
+                    for _ in run:  # not all accepted: one by one, by lock token
+                        await self._settle_one(queue, by_lock=True)
+
+    async def _settle_one(self, queue: deque[Settlement], by_lock: bool = False) -> None:
+        """Send the settlement at the front of ``queue``; taken off once answered."""
+        describe = self.config.describe()
+        try:
+            if by_lock:
+                done = await complete_by_lock(queue[0], describe)
+            else:
+                done = await settle(queue[0], self._receivers, describe)
+        except Exception as exc:
+            mapped = ERRORS.map(exc, f"settling {queue[0].delivery.identity}", AdvanceError)
+            self._tasks.fail(mapped)
+            raise mapped from exc
+        self.dispositions += 1
+        self._count(done)
+        queue.popleft()
 
     def _count(self, done: str) -> None:
         if done == Action.COMPLETED:
