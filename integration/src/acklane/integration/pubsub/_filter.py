@@ -21,6 +21,8 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from acklane.core.errors import AcklaneError
+
 __all__ = ["MAX_FILTER_BYTES", "FilterError", "Predicate", "compile_filter"]
 
 MAX_FILTER_BYTES = 256
@@ -37,7 +39,7 @@ _TOKEN = re.compile(
 )
 
 
-class FilterError(ValueError):
+class FilterError(AcklaneError, ValueError):
     """A filter the service would refuse, with the reason."""
 
 

@@ -26,6 +26,8 @@ import grpc
 from google.protobuf import empty_pb2
 from google.pubsub_v1 import types as t
 
+from acklane.core.errors import AcklaneError
+
 __all__ = ["SchemaRegistry"]
 
 _SCHEMA = re.compile(r"^projects/([^/]+)/schemas/([A-Za-z][A-Za-z0-9._~%+-]{2,254})(?:@(.+))?$")
@@ -58,7 +60,7 @@ _pb = {
 }
 
 
-class SchemaError(Exception):
+class SchemaError(AcklaneError):
     """A gRPC error of the schema service: its code and message."""
 
     def __init__(self, code: grpc.StatusCode, message: str) -> None:

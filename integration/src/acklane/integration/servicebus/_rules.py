@@ -33,6 +33,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from acklane.core.errors import AcklaneError
+
 __all__ = [
     "DEFAULT_RULE",
     "Rule",
@@ -72,7 +74,7 @@ _TOKEN = re.compile(
 )
 
 
-class RuleError(ValueError):
+class RuleError(AcklaneError, ValueError):
     """A filter or action the service would refuse, with the reason."""
 
 

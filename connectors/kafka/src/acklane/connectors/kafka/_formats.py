@@ -33,7 +33,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from acklane.core.errors import AcklaneError
+from acklane.core.errors import AcklaneError, ConnectorError
 from acklane.core.message import BodyDecodeError
 from acklane.core.observe.redact import redact_url
 
@@ -55,7 +55,7 @@ _EXTRAS = {"avro": "avro", "protobuf": "protobuf", "json_schema": "json-schema"}
 _LABEL = {"avro": "Avro", "protobuf": "Protobuf", "json_schema": "JSON Schema"}
 
 
-class SchemaRegistryUnavailable(AcklaneError, RuntimeError):
+class SchemaRegistryUnavailable(ConnectorError, RuntimeError):
     """The Schema Registry did not answer; the record is retried, not rejected."""
 
 
