@@ -205,18 +205,7 @@ class _Path:
     def get(self, view: _View) -> Any:
         root = self.root
         if root == "body":
-            value: Any = view.body()
-            for part in self.parts:
-                if isinstance(value, Mapping):
-                    value = value.get(part, _MISSING)
-                elif isinstance(value, list) and part.isdigit():
-                    index = int(part)
-                    value = value[index] if index < len(value) else _MISSING
-                else:
-                    return _MISSING
-                if value is _MISSING:
-                    return _MISSING
-            return value
+            return _dig(view.body(), self.parts)
         message = view.message
         if root == "attributes":
             if not self.parts:
@@ -335,7 +324,7 @@ Check = Callable[[RawMessage, Any], bool]
 
 
 def _dig(value: Any, parts: tuple[str, ...]) -> Any:
-    """``body.a.0.b``'s walk from the body down (what _Path.get does for the body)."""
+    """``body.a.0.b``'s walk from the body down (_Path.get's, and the compiled getters')."""
     for part in parts:
         if isinstance(value, Mapping):
             value = value.get(part, _MISSING)

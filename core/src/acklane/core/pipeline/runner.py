@@ -308,14 +308,7 @@ class _Cohort:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            if isinstance(exc, ConnectorError):
-                # the broker's error: the group's and the restart's lines name it; the
-                # traceback only helps at DEBUG
-                log.debug("Watcher %s failed", name, exc_info=exc)
-            elif not isinstance(exc, SharedStreamError):  # the engine logged its own already
-                log.error("Watcher %s failed", name, exc_info=exc)
-            if not runner.stopping and not any(e is exc for e in first):
-                first.append(exc)
+            _watcher_failed(runner, name, exc, first)
 
     async def _watch_inline(self, trigger: WatcherTrigger, first: list[BaseException]) -> None:
         """A watcher with a synchronous filter: the group evaluates it as it broadcasts
@@ -355,12 +348,19 @@ class _Cohort:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            if isinstance(exc, ConnectorError):
-                log.debug("Watcher %s failed", name, exc_info=exc)
-            elif not isinstance(exc, SharedStreamError):
-                log.error("Watcher %s failed", name, exc_info=exc)
-            if not runner.stopping and not any(e is exc for e in first):
-                first.append(exc)
+            _watcher_failed(runner, name, exc, first)
+
+
+def _watcher_failed(runner: Runner, name: str, exc: Exception, first: list[BaseException]) -> None:
+    """A watcher's task ended on ``exc`` (either path): logged once, kept as the first."""
+    if isinstance(exc, ConnectorError):
+        # the broker's error: the group's and the restart's lines name it; the traceback
+        # only helps at DEBUG
+        log.debug("Watcher %s failed", name, exc_info=exc)
+    elif not isinstance(exc, SharedStreamError):  # the engine logged its own already
+        log.error("Watcher %s failed", name, exc_info=exc)
+    if not runner.stopping and not any(e is exc for e in first):
+        first.append(exc)
 
 
 def _inline_emitter(

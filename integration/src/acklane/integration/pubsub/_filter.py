@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 
 from acklane.core.errors import AcklaneError
+
+from .._tokens import Cursor, Token, tokenize
 
 __all__ = ["MAX_FILTER_BYTES", "FilterError", "Predicate", "compile_filter"]
 
@@ -43,55 +44,29 @@ class FilterError(AcklaneError, ValueError):
     """A filter the service would refuse, with the reason."""
 
 
-@dataclass(frozen=True)
-class _Tok:
-    kind: str  # "string", "op", "word", "end"
-    text: str
-    at: int
-
-
 def _unquote(text: str) -> str:
     body = text[1:-1]
     return re.sub(r"\\(.)", lambda m: {"n": "\n", "t": "\t"}.get(m.group(1), m.group(1)), body)
 
 
-def _tokens(text: str) -> list[_Tok]:
-    out: list[_Tok] = []
-    pos = 0
-    while pos < len(text):
-        if text[pos:].strip() == "":
-            break
-        match = _TOKEN.match(text, pos)
-        if match is None or match.end() == pos:
-            rest = text[pos:]
-            raise FilterError(f"Invalid filter: unexpected character at offset {pos}: {rest!r}")
-        kind = match.lastgroup or "op"
-        out.append(_Tok(kind, match.group(kind), match.start(kind)))
-        pos = match.end()
-    out.append(_Tok("end", "", len(text)))
-    return out
+def _tokens(text: str) -> list[Token]:
+    try:
+        return tokenize(_TOKEN, text)
+    except ValueError as exc:
+        raise FilterError(f"Invalid filter: {exc}") from None
 
 
-class _Parser:
+class _Parser(Cursor):
     def __init__(self, text: str) -> None:
-        self.text = text
-        self.toks = _tokens(text)
-        self.i = 0
-
-    def peek(self) -> _Tok:
-        return self.toks[self.i]
-
-    def take(self) -> _Tok:
-        tok = self.toks[self.i]
-        self.i += 1
-        return tok
+        super().__init__(text, _tokens(text))
 
     def fail(self, what: str) -> FilterError:
-        tok = self.peek()
-        seen = repr(tok.text) if tok.kind != "end" else "the end of the filter"
-        return FilterError(f"Invalid filter: expected {what} at offset {tok.at}, got {seen}")
+        seen = self.seen("the end of the filter")
+        return FilterError(
+            f"Invalid filter: expected {what} at offset {self.peek().at}, got {seen}"
+        )
 
-    def expect(self, kind: str, text: str | None = None) -> _Tok:
+    def expect(self, kind: str, text: str | None = None) -> Token:
         tok = self.peek()
         if tok.kind != kind or (text is not None and tok.text != text):
             raise self.fail(repr(text) if text else kind)

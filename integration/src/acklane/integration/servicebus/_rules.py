@@ -35,6 +35,8 @@ from typing import Any
 
 from acklane.core.errors import AcklaneError
 
+from .._tokens import Cursor, Token, tokenize
+
 __all__ = [
     "DEFAULT_RULE",
     "Rule",
@@ -86,25 +88,11 @@ class _Missing:
 MISSING: Any = _Missing()
 
 
-@dataclass(frozen=True)
-class _Tok:
-    kind: str
-    text: str
-    at: int
-
-
-def _tokens(text: str) -> list[_Tok]:
-    out: list[_Tok] = []
-    pos = 0
-    while pos < len(text) and text[pos:].strip():
-        match = _TOKEN.match(text, pos)
-        if match is None or match.end() == pos:
-            raise RuleError(f"unexpected character at offset {pos}: {text[pos:]!r}")
-        kind = match.lastgroup or "op"
-        out.append(_Tok(kind, match.group(kind), match.start(kind)))
-        pos = match.end()
-    out.append(_Tok("end", "", len(text)))
-    return out
+def _tokens(text: str) -> list[Token]:
+    try:
+        return tokenize(_TOKEN, text)
+    except ValueError as exc:
+        raise RuleError(str(exc)) from None
 
 
 # ---------------------------------------------------------------- properties
@@ -165,25 +153,15 @@ def _plain(value: Any) -> Any:
 # ---------------------------------------------------------------- parser
 
 
-class _Parser:
+class _Parser(Cursor):
     def __init__(self, text: str) -> None:
-        self.text = text
-        self.toks = _tokens(text)
-        self.i = 0
+        super().__init__(text, _tokens(text))
 
     # helpers
-    def peek(self) -> _Tok:
-        return self.toks[self.i]
-
-    def take(self) -> _Tok:
-        tok = self.toks[self.i]
-        self.i += 1
-        return tok
-
     def fail(self, what: str) -> RuleError:
-        tok = self.peek()
-        seen = repr(tok.text) if tok.kind != "end" else "the end"
-        return RuleError(f"expected {what} at offset {tok.at} of {self.text!r}, got {seen}")
+        at = self.peek().at
+        seen = self.seen("the end")
+        return RuleError(f"expected {what} at offset {at} of {self.text!r}, got {seen}")
 
     def kw(self, *words: str) -> bool:
         tok = self.peek()
