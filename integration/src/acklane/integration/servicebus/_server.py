@@ -31,7 +31,6 @@ import json
 import logging
 import os
 import queue
-import socket
 import threading
 import time
 import urllib.parse
@@ -56,6 +55,7 @@ from proton import (
 )
 from proton.reactor import Container
 
+from ..emulator import free_port
 from ._broker import Broker, Entity, Lock, SessionState, Stored, decode_message
 from ._config import EmulatorConfig, EntityProperties
 from ._rules import Rule, RuleError
@@ -1135,12 +1135,6 @@ class _Admin(BaseHTTPRequestHandler):
         self._run(lambda: self.server_handler.delete(name))
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def serve(
     config: EmulatorConfig,
     *,
@@ -1158,7 +1152,7 @@ def serve(
     if os.environ.get(SEQUENCER_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
         handler = ServiceBusServer(config, host=host, port=port, key_name=key_name, key=key)
     else:
-        engine_port = _free_port()
+        engine_port = free_port()
         sequencer = FrameSequencer(host, port, ("127.0.0.1", engine_port))
         handler = ServiceBusServer(
             config, host="127.0.0.1", port=engine_port, key_name=key_name, key=key
