@@ -28,6 +28,8 @@ from google.pubsub_v1 import types as t
 
 from acklane.core.errors import AcklaneError
 
+from ._paging import paginate
+
 __all__ = ["SchemaRegistry"]
 
 _SCHEMA = re.compile(r"^projects/([^/]+)/schemas/([A-Za-z][A-Za-z0-9._~%+-]{2,254})(?:@(.+))?$")
@@ -374,12 +376,12 @@ class SchemaRegistry:
 
     async def _list(self, request: Any) -> Any:
         schemas = self.listed(request.parent, request.view == 2)
-        page, token = _page(schemas, request.page_size, request.page_token)
+        page, token = paginate(schemas, request.page_size, request.page_token)
         return _pb["ListSchemasResponse"](schemas=page, next_page_token=token)
 
     async def _list_revisions(self, request: Any) -> Any:
         schemas = self.revisions(request.name, request.view == 2)
-        page, token = _page(schemas, request.page_size, request.page_token)
+        page, token = paginate(schemas, request.page_size, request.page_token)
         return _pb["ListSchemaRevisionsResponse"](schemas=page, next_page_token=token)
 
     async def _commit(self, request: Any) -> Any:
@@ -411,10 +413,3 @@ class SchemaRegistry:
                 f"Invalid data in message: Message failed schema validation ({exc})"
             ) from None
         return _pb["ValidateMessageResponse"]()
-
-
-def _page(items: list[Any], size: int, token: str) -> tuple[list[Any], str]:
-    start = int(token) if token.isdigit() else 0
-    size = size if size > 0 else 1000
-    end = start + size
-    return items[start:end], str(end) if end < len(items) else ""

@@ -40,6 +40,7 @@ from google.pubsub_v1 import types as t
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 
 from ._filter import FilterError, Predicate, compile_filter
+from ._paging import paginate
 from ._schemas import SchemaError, SchemaRegistry
 
 __all__ = ["INSPECT_STATS", "RELAXED_ENV", "PubSubServer", "PubSubState", "ServerThread"]
@@ -1039,14 +1040,14 @@ class PubSubServer:
     async def list_topics(self, request: Any) -> Any:
         project = _project(request.project)
         names = sorted(n for n in self.state.topics if n.startswith(f"projects/{project}/"))
-        page, token = _page(names, request.page_size, request.page_token)
+        page, token = paginate(names, request.page_size, request.page_token)
         return _pb["ListTopicsResponse"](
             topics=[self.state.topics[n].config for n in page], next_page_token=token
         )
 
     async def list_topic_subscriptions(self, request: Any) -> Any:
         names = sorted(self.state.topic(request.topic).subscriptions)
-        page, token = _page(names, request.page_size, request.page_token)
+        page, token = paginate(names, request.page_size, request.page_token)
         return _pb["ListTopicSubscriptionsResponse"](subscriptions=page, next_page_token=token)
 
     async def delete_topic(self, request: Any) -> Any:
@@ -1066,7 +1067,7 @@ class PubSubServer:
 
     async def list_topic_snapshots(self, request: Any) -> Any:
         names = sorted(self.state.topic(request.topic).snapshots)
-        page, token = _page(names, request.page_size, request.page_token)
+        page, token = paginate(names, request.page_size, request.page_token)
         return _pb["ListTopicSnapshotsResponse"](snapshots=page, next_page_token=token)
 
     # ----------------------------------------------------------- subscriber
@@ -1083,7 +1084,7 @@ class PubSubServer:
     async def list_subscriptions(self, request: Any) -> Any:
         project = _project(request.project)
         names = sorted(n for n in self.state.subscriptions if n.startswith(f"projects/{project}/"))
-        page, token = _page(names, request.page_size, request.page_token)
+        page, token = paginate(names, request.page_size, request.page_token)
         return _pb["ListSubscriptionsResponse"](
             subscriptions=[self.state.subscriptions[n].config for n in page],
             next_page_token=token,
@@ -1126,7 +1127,7 @@ class PubSubServer:
     async def list_snapshots(self, request: Any) -> Any:
         project = _project(request.project)
         names = sorted(n for n in self.state.snapshots if n.startswith(f"projects/{project}/"))
-        page, token = _page(names, request.page_size, request.page_token)
+        page, token = paginate(names, request.page_size, request.page_token)
         return _pb["ListSnapshotsResponse"](
             snapshots=[self.state.snapshots[n].config for n in page], next_page_token=token
         )
@@ -1257,13 +1258,6 @@ def _project(name: str) -> str:
     if match is None:
         raise _invalid(f"Invalid [projects] name: ({name})")
     return match.group(1)
-
-
-def _page(names: list[str], size: int, token: str) -> tuple[list[str], str]:
-    start = int(token) if token.isdigit() else 0
-    size = size if size > 0 else 1000
-    page = names[start : start + size]
-    return page, str(start + size) if start + size < len(names) else ""
 
 
 _TOPIC_UPDATABLE = (
