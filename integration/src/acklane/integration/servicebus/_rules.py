@@ -108,9 +108,7 @@ class _Prop:
             attr = _SYSTEM.get(self.name.lower())
             if attr is None:
                 return MISSING
-            value = getattr(message, attr, None)
-            if isinstance(value, bytes | bytearray | memoryview):
-                value = bytes(value).decode("utf-8", "replace")
+            value = _plain(getattr(message, attr, None))
             return MISSING if value is None else value
         props: Mapping[Any, Any] = message.properties or {}
         if self.name in props:
