@@ -33,7 +33,7 @@ from acklane.core.connectors.deadletter import REDRIVE_COUNT
 from acklane.core.pipeline.runner import Runner
 from acklane.core.testing import CLEAN, eventually, rejected
 from acklane.integration.emulator import Emulator
-from acklane.integration.kits import BrokerKit, Source, kit_for
+from acklane.integration.kits import BrokerKit, PubSubBrokerKit, Source, kit_for
 from acklane.integration.testing import AcklaneRun, StreamDriver, fired_ids, run_until
 
 pytestmark = pytest.mark.filterwarnings("ignore:The return_immediately flag:DeprecationWarning")
@@ -311,8 +311,12 @@ HOLD = 10
 
 
 def _lapse(kit: BrokerKit) -> float:
-    """Seconds until what a killed reader held is given back by the broker."""
+    """Seconds until what a killed reader held is given back by the broker.
+
+    A Pub/Sub pull gives its letters the reader subscription's deadline until the reader
+    moves them to ``--hold``: one killed in between holds them for the former (while held,
+    ``dlq list`` does not see them, and the test would stop looking too early).
+    """
     lock = 5.0  # the Service Bus kit's lock duration is 2 s
-    return {"sqs": HOLD + 1.0, "pubsub": HOLD + 1.0, "servicebus": lock, "kafka": 0.0}[
-        kit.connector
-    ]
+    pubsub = max(HOLD, PubSubBrokerKit.READER_ACK_DEADLINE) + 1.0
+    return {"sqs": HOLD + 1.0, "pubsub": pubsub, "servicebus": lock, "kafka": 0.0}[kit.connector]

@@ -493,6 +493,9 @@ class PubSubBrokerKit(BrokerKit):
     connector = "pubsub"
     #: Seconds of the subscription's ack deadline: what a killed runner held comes back soon.
     ACK_DEADLINE = 2
+    #: Seconds of the dead-letter reader's ack deadline: what a pull gives a letter until
+    #: the reader moves its deadline (a reader killed in between holds it this long).
+    READER_ACK_DEADLINE = 10
 
     def __init__(self, emulator: Emulator) -> None:
         from .pubsub import PubSubKit
@@ -518,7 +521,9 @@ class PubSubBrokerKit(BrokerKit):
             topic, ack_deadline=self.ACK_DEADLINE, ordering=ordered
         )
         dlq = await self.kit.create_topic("orders-dlq")
-        reader = await self.kit.create_subscription(dlq, "orders-dlq-reader", ack_deadline=60)
+        reader = await self.kit.create_subscription(
+            dlq, "orders-dlq-reader", ack_deadline=self.READER_ACK_DEADLINE
+        )
         fields = {
             **self.settings,
             "subscription": sub,
