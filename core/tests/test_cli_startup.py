@@ -80,6 +80,9 @@ def test_validate_imports_no_other_command() -> None:
     modules = _imported("validate", str(EXAMPLE))
     assert "acklane.core.config" in modules  # it ran
     assert _loaded(modules, COMMAND_MODULES) == []
+    # a store URL is checked without opening it: SQLAlchemy (the event store, the
+    # state stores, the sink dispatcher) is not loaded at all
+    assert _loaded(modules, ("sqlalchemy", "acklane.core.events", "aiosqlite")) == []
 
 
 @pytest.mark.parametrize(

@@ -14,14 +14,11 @@ from pydantic import (
     ValidationInfo,
     field_validator,
 )
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError
 
+from .._dbconf import DEFAULT_RETENTION, DEFAULT_URL, unsupported_url, url_parts
 from ..durations import Duration
-from ..events import DEFAULT_RETENTION
 from ..names import NAME_PATTERN, NAME_RULE
 from ..observe.redact import redact_url
-from ..sql import DEFAULT_URL, unsupported_url
 
 _NAME_RE: Final = re.compile(NAME_PATTERN)
 _NAME_RULE: Final = NAME_RULE
@@ -86,8 +83,8 @@ class StoreSettings(_Settings):
     @classmethod
     def _parses(cls, value: str) -> str:
         try:
-            make_url(value)
-        except (ArgumentError, ValueError):
+            url_parts(value)
+        except ValueError:
             raise ValueError(
                 "expected a database URL such as sqlite:///acklane.db or "
                 "postgresql://user@host:5432/db"

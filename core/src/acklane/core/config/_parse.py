@@ -12,6 +12,7 @@ from typing import Any, Final, NamedTuple, NoReturn
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
+from .._dbconf import is_sqlite_memory, offline_url_problem
 from ..connectors import (
     UnknownConnector,
     available_connectors,
@@ -22,7 +23,6 @@ from ..connectors import (
 from ..observe.redact import redact, remember, secrets_in
 from ..pipeline.filters import FilterSpec, FilterSpecError, compile_filter
 from ..sinks import KINDS, Sink, SinkContext, SinkSettings, UnknownSinkKind, sink_class
-from ..sql import is_sqlite_memory, offline_url_problem
 from ..stores.settings import StateStoreSettings
 from ._errors import ConfigError, ConfigProblem, Loc
 from ._messages import _describe, _field_names, _got, _model_at

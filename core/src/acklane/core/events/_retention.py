@@ -17,6 +17,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, Select, and_, delete, exists, func, not_, or_, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from .._dbconf import DEFAULT_RETENTION
 from ._schema import events_table, sink_deliveries_table, sink_state_table
 
 __all__ = [
@@ -29,9 +30,6 @@ __all__ = [
 
 #: Rows deleted per transaction.
 DEFAULT_PRUNE_BATCH = 5000
-#: ``store.retention``'s default, in seconds: 14 days, as long as SQS keeps a message
-#: at most, and longer than Kafka's and Pub/Sub's default retention (7 days).
-DEFAULT_RETENTION = 14 * 86400.0
 
 
 def cutoff_for(retention: float, now: datetime | None = None) -> datetime:

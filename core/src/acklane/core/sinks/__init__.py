@@ -7,6 +7,9 @@ a message on any configured broker (``broker``), or a Python callable
 See docs/sinks.md.
 """
 
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_names
 from ._base import (
     Delivery,
     DeliveryError,
@@ -18,18 +21,36 @@ from ._base import (
     SinkError,
     event_id_for,
 )
-from ._dispatcher import LATENCY_BUCKETS, Dispatcher, SinkStats, worker_owner
-from ._outbox import (
-    ParkedEvent,
-    SinkStatus,
-    parked_events,
-    replay_events,
-    retry_parked,
-    sink_status,
-)
 from ._registry import KINDS, UnknownSinkKind, build_sinks, sink_class
 from ._settings import SinkSettings
 
+if TYPE_CHECKING:
+    from ._dispatcher import LATENCY_BUCKETS, Dispatcher, SinkStats, worker_owner
+    from ._outbox import (
+        ParkedEvent,
+        SinkStatus,
+        parked_events,
+        replay_events,
+        retry_parked,
+        sink_status,
+    )
+
+#: What reads or writes the event store (SQLAlchemy), imported when first asked for:
+#: the configuration's validation needs the sink kinds, not the dispatcher.
+__getattr__ = lazy_names(
+    __name__,
+    {
+        "_dispatcher": ("LATENCY_BUCKETS", "Dispatcher", "SinkStats", "worker_owner"),
+        "_outbox": (
+            "ParkedEvent",
+            "SinkStatus",
+            "parked_events",
+            "replay_events",
+            "retry_parked",
+            "sink_status",
+        ),
+    },
+)
 __all__ = [
     "KINDS",
     "LATENCY_BUCKETS",

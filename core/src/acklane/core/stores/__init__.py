@@ -7,7 +7,9 @@ there a watermark or an incremental-load cursor. Both store JSON values through 
 :class:`StateBackend` (SQL tables by default, SQLite or PostgreSQL).
 """
 
-from ._accessors import AssetStore, TaskStore, default_backend, open_backend, set_default_backend
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_names
 from ._errors import (
     AssetInactiveError,
     InvalidKeyError,
@@ -27,9 +29,35 @@ from ._values import (
     validate_key,
 )
 from .backend import GcReport, StateBackend, StateEntry, StateWrite
-from .metastore import MetastoreBackend
-from .offload import FileOffloadBackend
 from .settings import StateStoreSettings
+
+if TYPE_CHECKING:
+    from ._accessors import (
+        AssetStore,
+        TaskStore,
+        default_backend,
+        open_backend,
+        set_default_backend,
+    )
+    from .metastore import MetastoreBackend
+    from .offload import FileOffloadBackend
+
+#: The SQL backends (SQLAlchemy), imported when first asked for: the configuration's
+#: validation needs StateStoreSettings only.
+__getattr__ = lazy_names(
+    __name__,
+    {
+        "_accessors": (
+            "AssetStore",
+            "TaskStore",
+            "default_backend",
+            "open_backend",
+            "set_default_backend",
+        ),
+        "metastore": ("MetastoreBackend",),
+        "offload": ("FileOffloadBackend",),
+    },
+)
 
 __all__ = [
     "MAX_KEY_LENGTH",
