@@ -282,6 +282,15 @@ class PubSubStreamProducer(SharedStreamProducer[PubSubDelivery]):
 
     async def advance(self, batch: Sequence[AdvanceItem[PubSubDelivery]]) -> None:
         self._tasks.raise_failure()
+        if self._all_plain_acks(batch):
+            # The common case, one message at a time (a message without ordering key is
+            # a lane of its own): what the plan below would say, without making it.
+            for item in batch:
+                self._ack(item.broker_payload)
+            if self._acks.queued >= self._acks.limit:
+                await self._acks.settle_soon()
+                self._tasks.raise_failure()
+            return
         plan = self._lanes.plan(
             LaneEntry(self._lane(item.broker_payload), item.broker_payload.pull, verdict(o), item)
             for item in batch
@@ -303,6 +312,15 @@ class PubSubStreamProducer(SharedStreamProducer[PubSubDelivery]):
         await self._nack(nacks)
         await self._acks.settle_soon()
         self._tasks.raise_failure()
+
+    def _all_plain_acks(self, batch: Sequence[AdvanceItem[PubSubDelivery]]) -> bool:
+        """Whether every item is clean and in no ordered lane: the plan would ack them all
+        (nothing of no lane is ever held) and nothing else."""
+        ordered = self.ordered
+        for item in batch:
+            if not item.outcome.is_clean or (ordered and item.broker_payload.message.key):
+                return False
+        return True
 
     def _lane(self, delivery: PubSubDelivery) -> str | None:
         key = delivery.ordering_key
