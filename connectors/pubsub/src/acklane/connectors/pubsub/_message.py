@@ -156,9 +156,9 @@ def records(
     out = []
     for pb in received:
         message = pb.message
-        if message.HasField("publish_time"):
-            stamp = message.publish_time
-            seconds, nanos = stamp.seconds, stamp.nanos
+        stamp = message.publish_time
+        seconds, nanos = stamp.seconds, stamp.nanos
+        if seconds or nanos or message.HasField("publish_time"):
             whole = seconds_seen.get(seconds)
             if whole is None:
                 at = _EPOCH + timedelta(seconds=seconds)
@@ -173,11 +173,12 @@ def records(
             text, published = "None", None
         native_id = message.message_id
         attempt = pb.delivery_attempt
+        attributes = message.attributes
         out.append(
             PubSubDelivery(
                 message=PubSubMessage(
                     body=message.data,
-                    attributes=dict(message.attributes),
+                    attributes=dict(attributes) if attributes else {},
                     key=message.ordering_key or None,
                     message_id=f"{prefix}{native_id}@{text}",
                     publish_time=published,
