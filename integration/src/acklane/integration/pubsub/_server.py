@@ -668,11 +668,14 @@ class PubSubState:
         taken: list[Any] = []
         deadline = stream.deadline if stream is not None else sub.config.ack_deadline_seconds
         forwards: list[_Entry] = []
+        # (read once: the leased messages at the front of the backlog are walked past
+        # on every pull, as many as the consumer holds)
+        ordered = sub.ordered
         for entry in sub.backlog.values():
             if len(taken) >= budget:
                 break
-            key = entry.key
-            if sub.ordered and key:
+            key = entry.key if ordered else ""
+            if key:
                 if key in blocked:
                     continue
                 blocked.add(key)  # one message of a key at a time, in publish order
@@ -680,7 +683,7 @@ class PubSubState:
                 continue
             if dead_letter and entry.attempts >= policy.max_delivery_attempts:
                 forwards.append(entry)
-                if sub.ordered and key:
+                if key:
                     blocked.discard(key)
                 continue
             size = entry.message.ByteSize()

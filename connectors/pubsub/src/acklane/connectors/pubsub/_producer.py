@@ -13,7 +13,7 @@ import logging
 import time
 from collections import defaultdict, deque
 from collections.abc import AsyncIterator, Hashable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from acklane.core import connectors as kit
 from acklane.core.connectors import Action, LaneEntry, LeaseParking, verdict
@@ -25,8 +25,8 @@ from ._check import ERRORS
 from ._client import make_client
 from ._config import PubSubConfig
 from ._copies import DEAD_LETTER_ATTRIBUTES, ORIGIN_PUBLISH_TIME, dead_letter_copy
-from ._message import PubSubDelivery, PubSubMessage
-from ._subscription import DEFAULT_ACK_DEADLINE, deliveries, read_subscription
+from ._message import PubSubDelivery, PubSubMessage, records
+from ._subscription import DEFAULT_ACK_DEADLINE, read_subscription
 
 __all__ = [
     "DEAD_LETTER_ATTRIBUTES",
@@ -42,12 +42,24 @@ log = logging.getLogger(__name__)
 _ACK_CHUNK = 1000
 #: Where the client connects without an emulator or endpoint setting.
 _DEFAULT_ENDPOINT = "pubsub.googleapis.com:443"
-#: Seconds a closing producer waits for a pull that the stop cut off.
+#: Seconds a closing producer waits for the pulls that the stop cut off.
 _PULL_GRACE = 15.0
 
 #: Leases closing producers kept for the next producer of their subscription in this
 #: process, by stream key; what nobody takes before it lapses is forgotten.
 PARKING: LeaseParking[PubSubDelivery] = LeaseParking(lambda d: d.lease_until)
+
+
+class _Pull(NamedTuple):
+    """A ``Pull`` in flight."""
+
+    task: asyncio.Future[Any]
+    #: Its number for the lanes (``OrderedLanes.stamp``), taken as it was sent.
+    number: int
+    #: Monotonic time just before it was sent.
+    sent_at: float
+    #: The messages it asked for.
+    asked: int
 
 
 class PubSubConnectorError(ReceiveError):
@@ -60,6 +72,9 @@ class PubSubStreamProducer(SharedStreamProducer[PubSubDelivery]):
     #: A parked lease is taken over only with at least this many seconds left: the
     #: take-over renews it, and the renewal must land before the lease lapses.
     takeover_margin: float = 5.0
+    #: Pulls sent ahead, while the engine takes a batch, on a subscription without
+    #: message ordering (see ``_send_ahead``); 0: a pull only once the stream is asked.
+    pulls_ahead: int = 2
 
     def __init__(self, config: PubSubConfig, *, parking: LeaseParking[PubSubDelivery] = PARKING):
         self.config = config  # never connect here: open_stream does
@@ -85,7 +100,10 @@ class PubSubStreamProducer(SharedStreamProducer[PubSubDelivery]):
         self._dead_letters = DeadLetterStep(
             "Pub/Sub", self.subscription, destination, "dead_letter", logger=log
         )
-        self._pull_task: asyncio.Future[Any] | None = None
+        #: Pulls sent and not yet taken by ``_receive``, oldest first, and what they
+        #: asked for in all.
+        self._pulls: deque[_Pull] = deque()
+        self._asked = 0
         self.delivered = self.acked = self.nacked = self.held = 0
         # parked: leases kept for the next producer at close; taken_over: from the last
         self.extended = self.paused = self.api_calls = self.parked = self.taken_over = 0
@@ -152,50 +170,89 @@ class PubSubStreamProducer(SharedStreamProducer[PubSubDelivery]):
                 empty = 0
                 yield taken
                 continue
-            room = self.config.max_outstanding - len(self._outstanding)
-            if room <= 0:
-                self.paused += 1
-                while self.config.max_outstanding - len(self._outstanding) <= 0:
-                    self._room.clear()
-                    self._tasks.raise_failure()
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(1.0):
-                            await self._room.wait()
-                continue
+            if not self._pulls:
+                room = self._room_left()
+                if room <= 0:
+                    self.paused += 1
+                    while self._room_left() <= 0:
+                        self._room.clear()
+                        self._tasks.raise_failure()
+                        with contextlib.suppress(TimeoutError):
+                            async with asyncio.timeout(1.0):
+                                await self._room.wait()
+                    continue
+                self._send_pull(min(self.config.batch_size, room))
             try:
                 with ERRORS.receiving(f"pulling from {self.subscription}"):
-                    batch = await self._pull(min(self.config.batch_size, room))
+                    batch = await self._receive()
             except BrokerUnreachable as exc:
                 await self._reachability.wait(ERRORS.text(exc.__cause__ or exc))
                 continue  # told once; the stream goes on
             self._reachability.answered()
             if not batch:
-                empty += 1
-                await asyncio.sleep(min(0.02 * 2**empty, 0.5))
+                if not self._pulls:  # (a pull still in flight waits on the server already)
+                    empty += 1
+                    await asyncio.sleep(min(0.02 * 2**empty, 0.5))
                 continue
             empty = 0
             yield batch
 
-    async def _pull(self, max_messages: int) -> list[tuple[PubSubMessage, PubSubDelivery]]:
+    def _room_left(self) -> int:
+        """Messages the next pull may ask for: ``max_outstanding`` less what is pulled
+        and not yet advanced, and what the pulls in flight asked for."""
+        return self.config.max_outstanding - len(self._outstanding) - self._asked
+
+    def _send_pull(self, max_messages: int) -> None:
+        """Send a ``Pull`` (numbered for the lanes as it is sent); :meth:`_receive` takes
+        the answers in the order they were sent."""
         number = self._lanes.stamp()
-        sent_at = time.monotonic()
         self.api_calls += 1
         # no client-side retry: an endpoint that does not answer is told (once) and
         # retried by _batches, not silently for a minute
         task = asyncio.ensure_future(
             self._client.pull(subscription=self.subscription, max_messages=max_messages, retry=None)
         )
-        self._pull_task = task
-        # Shielded: a stop that cuts the poll here leaves the pull to finish, and aclose
-        # releases what it returned instead of leaving it leased to nobody.
-        response = await asyncio.shield(task)
-        self._pull_task = None
-        lease_until = sent_at + self.subscription_deadline
-        pulled = deliveries(response, self.subscription, self.topic, number, sent_at, lease_until)
+        self._pulls.append(_Pull(task, number, time.monotonic(), max_messages))
+        self._asked += max_messages
+
+    async def _receive(self) -> list[tuple[PubSubMessage, PubSubDelivery]]:
+        """The deliveries of the oldest pull in flight, once it answered; the next pulls
+        are sent first (:meth:`_send_ahead`), before the records are built."""
+        pull = self._pulls[0]
+        try:
+            # Shielded: a stop that cuts the poll here leaves the pull to finish, and
+            # aclose releases what it returned instead of leaving it leased to nobody.
+            response = await asyncio.shield(pull.task)
+        finally:
+            if pull.task.done():
+                self._pulls.popleft()
+                self._asked -= pull.asked
+        raw = getattr(response, "_pb", response)  # the protobuf (see ._message)
+        received = raw.received_messages
+        if received:
+            self._send_ahead(len(received))
+        lease_until = pull.sent_at + self.subscription_deadline
+        pulled = records(
+            self.subscription, self.topic, received, pull.number, pull.sent_at, lease_until
+        )
         for delivery in pulled:
             self._outstanding[delivery.ack_id] = delivery
         self.delivered += len(pulled)
         return [(d.message, d) for d in pulled]
+
+    def _send_ahead(self, coming: int) -> None:
+        """With a pull answered (``coming`` messages, not yet counted outstanding), keep
+        :attr:`pulls_ahead` pulls in flight while the engine takes the batch: the service
+        prepares the next answers meanwhile instead of after. Only on a subscription
+        without message ordering: two pulls in flight may be answered in either order,
+        and a key's messages split between them could be handed out of order."""
+        if self.ordered:
+            return
+        while len(self._pulls) < self.pulls_ahead:
+            room = self._room_left() - coming
+            if room <= 0:
+                return
+            self._send_pull(min(self.config.batch_size, room))
 
     async def _take_parked(self) -> list[tuple[PubSubMessage, PubSubDelivery]]:
         """Take over the leases a closed producer of this subscription kept, in order."""
@@ -225,6 +282,15 @@ class PubSubStreamProducer(SharedStreamProducer[PubSubDelivery]):
 
     async def advance(self, batch: Sequence[AdvanceItem[PubSubDelivery]]) -> None:
         self._tasks.raise_failure()
+        if self._all_plain_acks(batch):
+            # The common case, one message at a time (a message without ordering key is
+            # a lane of its own): what the plan below would say, without making it.
+            for item in batch:
+                self._ack(item.broker_payload)
+            if self._acks.queued >= self._acks.limit:
+                await self._acks.settle_soon()
+                self._tasks.raise_failure()
+            return
         plan = self._lanes.plan(
             LaneEntry(self._lane(item.broker_payload), item.broker_payload.pull, verdict(o), item)
             for item in batch
@@ -246,6 +312,15 @@ class PubSubStreamProducer(SharedStreamProducer[PubSubDelivery]):
         await self._nack(nacks)
         await self._acks.settle_soon()
         self._tasks.raise_failure()
+
+    def _all_plain_acks(self, batch: Sequence[AdvanceItem[PubSubDelivery]]) -> bool:
+        """Whether every item is clean and in no ordered lane: the plan would ack them all
+        (nothing of no lane is ever held) and nothing else."""
+        ordered = self.ordered
+        for item in batch:
+            if not item.outcome.is_clean or (ordered and item.broker_payload.message.key):
+                return False
+        return True
 
     def _lane(self, delivery: PubSubDelivery) -> str | None:
         key = delivery.ordering_key
@@ -353,8 +428,15 @@ class PubSubStreamProducer(SharedStreamProducer[PubSubDelivery]):
             ]
             parking = {d.ack_id for d in to_park}
             unresolved = [a for a in self._outstanding if a not in parking]
-            cut_off = await kit.finish_within(self._pull_task, _PULL_GRACE)
-            unresolved += [str(r.ack_id) for r in cut_off.received_messages] if cut_off else []
+            pulls = [pull.task for pull in self._pulls]
+            self._pulls.clear()
+            if pulls:
+                await asyncio.wait(pulls, timeout=_PULL_GRACE)
+            for task in pulls:
+                cut_off = await kit.finish_within(task, 0)
+                if cut_off is not None:
+                    raw = getattr(cut_off, "_pb", cut_off)
+                    unresolved += [r.ack_id for r in raw.received_messages]
             self._outstanding.clear()
             try:
                 async with asyncio.timeout(30):

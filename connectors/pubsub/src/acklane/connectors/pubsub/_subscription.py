@@ -1,4 +1,4 @@
-"""What a Pub/Sub subscription says of itself, and what a pull of it returned.
+"""What a Pub/Sub subscription says of itself.
 
 Its topic (a copy's origin, the messages' identity), its ack deadline (the first
 lease of a pulled message), its dead-letter policy (a reject without
@@ -18,12 +18,10 @@ from acklane.core.connectors import Reachability
 from acklane.core.errors import ReceiveError
 
 from ._check import ERRORS, grpc_code
-from ._message import PubSubDelivery, PubSubMessage, publish_stamp_of
 
 __all__ = [
     "DEFAULT_ACK_DEADLINE",
     "SubscriptionFacts",
-    "deliveries",
     "read_subscription",
 ]
 
@@ -81,22 +79,3 @@ async def read_subscription(
         has_dead_letter_policy=bool(policy and policy.dead_letter_topic),
         ordered=bool(sub.enable_message_ordering),
     )
-
-
-def deliveries(
-    response: Any, subscription: str, topic: str, pull: int, sent_at: float, lease_until: float
-) -> list[PubSubDelivery]:
-    """The deliveries of a ``PullResponse``: pull number ``pull``, sent at ``sent_at``."""
-    pulled = []
-    for received in response.received_messages:
-        pulled.append(
-            PubSubDelivery(
-                message=PubSubMessage.from_received(subscription, topic, received),
-                ack_id=str(received.ack_id),
-                pull=pull,
-                received_at=sent_at,
-                lease_until=lease_until,
-                publish_stamp=publish_stamp_of(received),
-            )
-        )
-    return pulled
