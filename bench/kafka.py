@@ -388,30 +388,23 @@ async def through_declarative(
     first_pull: float | None = None
 
     def emit(_payload: Any, bound: BoundEvent | None) -> None:
+        nonlocal first_pull
+        if first_pull is None:  # the clock starts at the first event (not at the group join)
+            first_pull = time.perf_counter()
         if bound is not None:
             confirm((bound.seq,))
-
-    def timing(evaluate: Any) -> Any:
-        # the clock starts at the first message evaluated (not at the group join)
-        def first(raw: Any) -> Any:
-            nonlocal first_pull
-            if first_pull is None:
-                first_pull = time.perf_counter()
-            return evaluate(raw)
-
-        return first
 
     async def watch(trigger: WatcherTrigger) -> None:
         nonlocal first_pull
         key = trigger.shared_stream_key()
         tid = trigger.name
         if inline:
-            evaluate = trigger.compiled_filter.evaluate
+            # the filter as the runner passes it (its evaluator: one call per message)
             subscription = manager.inline_subscription(
                 trigger_id=tid,
                 trigger=trigger,
                 key=key,
-                evaluate=timing(evaluate) if trigger is triggers[0] else evaluate,
+                evaluate=trigger.compiled_filter.evaluator,
                 emit=emit,
             )
             try:

@@ -10,15 +10,23 @@ as a fetch returns them), so everything above librdkafka runs for real:
   async generator into a filter yielding one ``TriggerEvent``), no engine;
 - producer: ``KafkaStreamProducer.open_batches`` driven directly, advancing each run;
 - engine1 / engine20: ``SharedStreamManager`` with 1 or 20 watchers, each event
-  bound and confirmed at once (as bench/kafka.py does).
+  bound and confirmed at once (as bench/kafka.py does): the generator path, Airflow's
+  shape;
+- fanout20: the floor's records put on 20 asyncio queues, each drained by a task (the
+  bare fan-out of bench/kafka.py, engine20's baseline), no engine;
+- decl1 / decl20: declarative (YAML) watchers evaluated inline by the group, as
+  ``acklane run`` runs them (``compiled_filter.evaluator``), each event confirmed at
+  once: one watcher emitting every body; twenty, watcher i matching ``body.k == i``
+  (each message fires one, every watcher evaluates it).
 
 Each is run at two sizes in its own process under callgrind; the difference over
 the difference in records, less the same for building the messages, is the cost
-of one record (engine20: of one record delivered to 20 watchers). The ratio
-floor/engine1 tracks the ratio bench/kafka.py measures against the API floor.
+of one record (engine20, fanout20 and decl20: of one record delivered to 20
+watchers). The ratios floor/engine1, floor/decl1, floor/producer and
+fanout20/engine20 track the ratios bench/kafka.py measures.
 
     uv run python bench/kafka_cpu.py                  # needs valgrind (apt-get install valgrind)
-    uv run python bench/kafka_cpu.py --only engine1 engine20
+    uv run python bench/kafka_cpu.py --only floor engine1 decl1
     uv run python bench/kafka_cpu.py --run engine1 100000   # one run, wall clock, no valgrind
 """
 
@@ -45,7 +53,8 @@ from acklane.connectors.kafka import (
     KafkaMessageTrigger,
     KafkaStreamProducer,
 )
-from acklane.core.manager import SharedStreamManager
+from acklane.core.manager import BoundEvent, SharedStreamManager
+from acklane.core.pipeline.watcher import WatcherTrigger
 from acklane.core.producer import AdvanceItem, AdvanceOutcome
 from acklane.core.trigger import TriggerEvent
 
@@ -55,6 +64,8 @@ RUN = 125  # records of one partition in a row, as a fetch holds them
 BATCH = 500
 VARIANTS = {"floor": (10_000, 30_000), "producer": (10_000, 30_000)}
 VARIANTS |= {"engine1": (10_000, 30_000), "engine20": (3_000, 9_000)}
+VARIANTS |= {"fanout20": (3_000, 9_000), "decl1": (10_000, 30_000), "decl20": (3_000, 9_000)}
+KEYS = 20  # each message's "k" is its number modulo this (as in bench/kafka.py)
 MESSAGES: list[Any] = []
 
 
@@ -63,7 +74,8 @@ def make_messages(total: int) -> list[Any]:
     out = []
     for i in range(total):
         p = (i // RUN) % PARTITIONS
-        out.append(Message(topic=TOPIC, partition=p, offset=offsets[p], value=b'{"n": %d}' % i))
+        value = b'{"n": %d, "k": %d}' % (i, i % KEYS)
+        out.append(Message(topic=TOPIC, partition=p, offset=offsets[p], value=value))
         offsets[p] += 1
     return out
 
@@ -192,6 +204,98 @@ async def engine(total: int, watchers: int) -> None:
     await manager.stop_all()
 
 
+async def fanout(total: int, n: int) -> None:
+    """The floor's loop, each record put on ``n`` queues, each drained by a task."""
+    consumer = StandInConsumer()
+    queues: list[asyncio.Queue[KafkaMessage]] = [asyncio.Queue(maxsize=1024) for _ in range(n)]
+
+    async def drain(q: asyncio.Queue[KafkaMessage]) -> None:
+        for _ in range(total):
+            await q.get()
+
+    async def poll() -> None:
+        consumed = 0
+        while consumed < total:
+            last: dict[int, int] = {}
+            for m in consumer.consume(num_messages=BATCH, timeout=0.1):
+                if m.error() is None:
+                    partition, offset = m.partition(), m.offset()
+                    record = KafkaMessage(m, 0, (TOPIC, partition), offset)
+                    for q in queues:
+                        if q.full():
+                            await q.put(record)
+                        else:
+                            q.put_nowait(record)
+                    last[partition] = offset
+                    consumed += 1
+            if last:
+                consumer.commit(
+                    offsets=[TopicPartition(TOPIC, p, o + 1) for p, o in last.items()],
+                    asynchronous=False,
+                )
+            await asyncio.sleep(0)
+
+    async with asyncio.TaskGroup() as tg:
+        for q in queues:
+            tg.create_task(drain(q))
+        tg.create_task(poll())
+
+
+class BenchDeclarative(WatcherTrigger):
+    """A YAML watcher on the stand-in consumer (its filter is evaluated inline)."""
+
+    @classmethod
+    def create_shared_stream_producer(cls, kwargs: dict[str, Any]) -> KafkaStreamProducer:
+        return StandInProducer(KafkaConfig(**kwargs["connector_config"]))
+
+
+async def declarative(total: int, watchers: int) -> None:
+    advanced = 0
+    done = asyncio.Event()
+
+    def on_advance(_key: Hashable, batch: Any) -> None:
+        nonlocal advanced
+        advanced += len(batch)
+        if advanced >= total:
+            done.set()
+
+    manager = SharedStreamManager(max_subscriber_queue=1024, on_advance=on_advance)
+    fields = config().model_dump(exclude_defaults=True)
+    confirm = manager.confirm_persisted
+
+    def emit(_payload: Any, bound: BoundEvent | None) -> None:
+        if bound is not None:
+            confirm((bound.seq,))
+
+    async def watch(i: int) -> None:
+        trigger = BenchDeclarative(
+            name=f"d{i}",
+            stream="bench",
+            connector="kafka",
+            connector_config=fields,
+            filter_spec={} if watchers == 1 else {"match": {"body.k": i}},
+        )
+        assert trigger.inline
+        subscription = manager.inline_subscription(
+            trigger_id=trigger.name,
+            trigger=trigger,
+            key=trigger.shared_stream_key(),
+            evaluate=trigger.compiled_filter.evaluator,  # as the runner does
+            emit=emit,
+        )
+        try:
+            await subscription.wait()
+        finally:
+            await subscription.aclose()
+
+    async with asyncio.TaskGroup() as tg:
+        tasks = [tg.create_task(watch(i)) for i in range(watchers)]
+        await done.wait()
+        for task in tasks:
+            task.cancel()
+    await manager.stop_all()
+
+
 def run_one(variant: str, total: int) -> float:
     """Build the messages, run ``variant`` over them; records/s (wall clock)."""
     MESSAGES[:] = make_messages(total)
@@ -203,6 +307,10 @@ def run_one(variant: str, total: int) -> float:
         asyncio.run(producer(total))
     elif variant.startswith("engine"):
         asyncio.run(engine(total, int(variant.removeprefix("engine"))))
+    elif variant.startswith("fanout"):
+        asyncio.run(fanout(total, int(variant.removeprefix("fanout"))))
+    elif variant.startswith("decl"):
+        asyncio.run(declarative(total, int(variant.removeprefix("decl"))))
     elif variant != "none":
         raise SystemExit(f"unknown variant {variant!r}")
     return total / (time.perf_counter() - started)
@@ -256,10 +364,20 @@ def main() -> int:
         costs[variant] = per_record(variant, *sizes) - setup[sizes]
         ratio = costs[variant] / costs["floor"] if "floor" in costs else float("nan")
         print(f"{variant:<9} {costs[variant]:>20,.0f} {ratio:>8.2f}", flush=True)
-    if "floor" in costs and "engine1" in costs:
-        print(f"\nfloor / engine1 = {costs['floor'] / costs['engine1']:.2f} (CPU-only ratio)")
-    if "engine20" in costs:
-        print(f"engine20 per delivery: {costs['engine20'] / 20:,.0f} instructions")
+    print()
+    # the ratios bench/kafka.py measures in messages/s, here in instructions: the
+    # baseline's per record over the variant's (1.0 = as cheap as the baseline)
+    for variant, baseline, what in (
+        ("producer", "floor", "acklane producer alone / API floor"),
+        ("engine1", "floor", "engine, 1 watcher (generator path) / API floor"),
+        ("decl1", "floor", "one declarative watcher (inline) / API floor"),
+        ("engine20", "fanout20", "engine, 20 watchers (generator path) / bare fan-out"),
+    ):
+        if variant in costs and baseline in costs:
+            print(f"{what}: {costs[baseline] / costs[variant]:.2f} (CPU-only ratio)")
+    for variant in ("engine20", "fanout20", "decl20"):
+        if variant in costs:
+            print(f"{variant} per delivery: {costs[variant] / 20:,.0f} instructions")
     return 0
 
 

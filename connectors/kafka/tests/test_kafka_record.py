@@ -129,3 +129,14 @@ def test_the_same_position_on_another_cluster_or_topic_life_is_another_message()
         for cluster, tid in [("c-1", "A"), ("c-2", "A"), ("c-1", "B"), ("c-1", None)]
     ]
     assert len({r.message_id for r in records}) == 4
+
+
+def test_json_is_the_standard_librarys_verdict_on_what_msgspec_refuses() -> None:
+    import math
+
+    assert math.isnan(record(Native(b'{"a": NaN}')).json()["a"])  # not strict JSON
+    assert record(Native(b"12345678901234567890123")).json() == 12345678901234567890123
+    with pytest.raises(BodyDecodeError, match="is not JSON"):
+        record(Native(b"{nope")).json()
+    with pytest.raises(BodyDecodeError, match="not UTF-8"):
+        record(Native(b'"\xff"')).json()

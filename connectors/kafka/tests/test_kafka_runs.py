@@ -7,7 +7,7 @@ from typing import Any
 
 from confluent_kafka import Message, TopicPartition
 
-from acklane.connectors.kafka import KafkaConfig, KafkaStreamProducer
+from acklane.connectors.kafka import KafkaConfig, KafkaMessage, KafkaStreamProducer
 from acklane.connectors.kafka._producer import _all_clean
 from acklane.core.producer import AdvanceItem, AdvanceOutcome, LaneBatch
 
@@ -73,3 +73,25 @@ def test_all_clean_asks_each_distinct_outcome() -> None:
     assert not _all_clean([AdvanceItem(0, AdvanceOutcome(0, 0))])  # nobody acked it
     # equal outcomes that are distinct objects are each asked
     assert _all_clean([AdvanceItem(0, AdvanceOutcome(1, 0)), AdvanceItem(1, AdvanceOutcome(1, 0))])
+
+
+def test_a_fetched_record_is_the_one_its_constructor_makes() -> None:
+    """The fetch loop sets a plain record's fields itself (no constructor call per
+    record): every slot as ``KafkaMessage(...)`` sets it, and it behaves the same."""
+    producer = KafkaStreamProducer(
+        KafkaConfig(bootstrap_servers="127.0.0.1:9", topics=["t"], group_id="g")
+    )
+    producer._cluster_id = "c"
+    producer._on_assign(None, [TopicPartition("t", 0)])
+    (message,) = _messages((0, range(5, 6)))
+    _, (fetched,), starts = producer._runs(0, [message], anchor=False)
+    assert starts == [0]
+    generation, prefix = producer._fetching[("t", 0)]
+    built = KafkaMessage(message, generation, ("t", 0), 5, prefix)
+    assert type(fetched) is KafkaMessage
+    for slot in KafkaMessage.__slots__:
+        assert getattr(fetched, slot) == getattr(built, slot), slot
+    assert fetched.message_id == built.message_id == f"{prefix}5"
+    assert fetched.attributes == built.attributes == {}
+    assert fetched.timestamp == built.timestamp
+    assert fetched.json() == built.json() == {}

@@ -465,7 +465,7 @@ class _Group:
         at_once = getattr(pairs, "at_once", None)  # pairs checked once for all of them
         if at_once is not None:
             pairs = at_once()
-        entries = [_Entry(payload, raw, run) for raw, payload in pairs]
+        entries = _Entry.of_run(pairs, run)
         run.lane_q.extend(entries)
         self.stats.broadcast += len(entries)
         tracer = self.manager.tracer
@@ -492,16 +492,18 @@ class _Group:
         stats = self.stats
         # (member, its evaluate) for the members evaluated here directly: not windowed
         plain = [
-            (sub, sub.inline.evaluate)
+            (sub, sub.inline.evaluate, sub.inline.emit)
             for sub in inline
             if sub.inline is not None and not sub.inline.windowed
         ]
+        acking = self.acking
+        bind = self.manager._bind
         windowed = [sub for sub in inline if sub.inline is not None and sub.inline.windowed]
         tracer = self.manager.tracer  # OpenTelemetry spans, or None (tracing off)
         for entry in entries:
             raw = entry.raw
             empty = 0  # members on which nothing fired: acked together, after the loop
-            for sub, evaluate in plain:
+            for sub, evaluate, emit in plain:
                 if sub.failure is not None or sub.closed:
                     self.resolve(entry, FAILED)
                     continue
@@ -519,10 +521,32 @@ class _Group:
                     tracer.verdict(sub, entry, verdict)
                 if type(verdict) is list and not verdict:
                     empty += 1
-                else:
-                    verdict_of(sub, entry, verdict)
+                    continue
+                if type(verdict) is list and len(verdict) == 1 and acking:
+                    # _inline_verdict for one payload, inlined (a watcher that fires
+                    # fires once, most often): bound, emitted, then the window closes
+                    sub.current = entry
+                    try:
+                        emit(verdict[0], bind(sub, entry))
+                    except Exception as exc:  # the emitter's own error, not the message's
+                        self.force_fail(sub, exc)
+                        if self.frozen:
+                            return
+                        continue
                     if self.frozen:
                         return  # its emit failed the group: nothing more
+                    if sub.current is not entry:
+                        continue  # failed or closed by emit: that resolved it
+                    binding = sub.binding
+                    if not sub.rejected_current and (binding is None or binding.pending == 0):
+                        sub.current = None
+                        empty += 1  # acked (every emitted event confirmed): with the others
+                    else:
+                        sub.move_past()
+                    continue
+                verdict_of(sub, entry, verdict)
+                if self.frozen:
+                    return  # its emit failed the group: nothing more
             for sub in windowed:
                 if sub.failure is None and not sub.closed:
                     deliver(sub, entry)
@@ -531,7 +555,8 @@ class _Group:
                 else:
                     self.resolve(entry, FAILED)
             if empty:
-                # resolve(entry, ACKED) for each of them, at once
+                # resolve(entry, ACKED) for each of them, at once (members on which
+                # nothing fired, and those whose one event was confirmed at once)
                 stats.acked += empty
                 remaining = entry.remaining - empty
                 entry.remaining = remaining

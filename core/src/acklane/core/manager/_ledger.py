@@ -7,7 +7,7 @@ them once per resolution, and exact ints keep that comparison on CPython's fast 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 from typing import Any, Final
 
 from ..producer import AdvanceOutcome
@@ -71,6 +71,28 @@ class _Entry:
         # the producer's message_id() of the payload, asked once for every member
         # that binds a yield to it (_UNASKED until then)
         self.mid: str | None = _UNASKED
+
+    @staticmethod
+    def of_run(pairs: Iterable[tuple[Any, Any]], run: _Run) -> list[_Entry]:
+        """An entry per ``(raw, payload)`` pair, all of ``run``: what ``__init__`` sets,
+        set in place (no type call and ``__init__`` frame per entry: a Kafka fetch
+        makes hundreds at once)."""
+        new = _Entry.__new__
+        lane_q = run.lane_q
+        n = run.n
+        entries: list[_Entry] = []
+        append = entries.append
+        for raw, payload in pairs:
+            entry = new(_Entry)
+            entry.payload = payload
+            entry.raw = raw
+            entry.run = run
+            entry.lane_q = lane_q
+            entry.remaining = n
+            entry.marks = None
+            entry.mid = _UNASKED
+            append(entry)
+        return entries
 
     def marked(self) -> _Marks:
         """The entry's marks, made at its first failure or rejection."""

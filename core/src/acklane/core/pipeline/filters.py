@@ -432,14 +432,19 @@ def _eq_field_filter(
     def evaluate(message: RawMessage) -> list[Any] | Rejected:
         if not isinstance(message, RawMessage):
             raise TypeError(f"{label}: expected a RawMessage, got {type(message).__name__}")
-        last = _last_body
-        if last[0] is message and last[2] is None:
+        global _last_body
+        last = _last_body  # _json_body(), inlined: one call less per message
+        if last[0] is message:
+            if last[2] is not None:
+                return Rejected(prefix(str(last[2])))
             body = last[1]
         else:
             try:
-                body = _json_body(message)
+                body = message.json()
             except BodyDecodeError as exc:
+                _last_body = (message, None, exc)
                 return Rejected(prefix(str(exc)))
+            _last_body = (message, body, None)
         value = body.get(part, missing) if type(body) is dict else _dig(body, parts)
         if type(value) in kinds:
             return [body] if value == operand else nothing
@@ -694,14 +699,19 @@ class CompiledFilter:
                 raise TypeError(f"{label}: expected a RawMessage, got {type(message).__name__}")
             body: Any
             if decode:
-                last = _last_body  # _json_body()'s memo, read here: one call less
-                if last[0] is message and last[2] is None:
+                global _last_body
+                last = _last_body  # _json_body(), inlined: one call less per message
+                if last[0] is message:
+                    if last[2] is not None:
+                        return Rejected(prefix(str(last[2])))
                     body = last[1]
                 else:
                     try:
-                        body = _json_body(message)
+                        body = message.json()
                     except BodyDecodeError as exc:
+                        _last_body = (message, None, exc)
                         return Rejected(prefix(str(exc)))
+                    _last_body = (message, body, None)
             elif lenient:
                 body = _lenient_body(message)
             else:

@@ -907,6 +907,12 @@ class KafkaStreamProducer(SharedStreamProducer[KafkaDelivery]):
         fetching = self._fetching
         awaiting = self._ledger.awaiting
         record = self._record_type
+        # a plain record is built here without a call to its constructor (a type call
+        # and an __init__ frame per record): the fields KafkaMessage.__init__ sets for
+        # a record with an id prefix, set in place (test_kafka_runs checks the two agree)
+        plain = record is KafkaMessage
+        new = KafkaMessage.__new__
+        unset = _UNSET
         for m in messages:
             error = m.error()
             if error is not None:
@@ -928,7 +934,18 @@ class KafkaStreamProducer(SharedStreamProducer[KafkaDelivery]):
             if lane is not books:  # another partition's run starts here
                 starts.append(len(out))
                 books = lane
-            out.append(record(m, lane[0], tp, offset, lane[1]))
+            if plain:
+                r = new(KafkaMessage)
+                r._message = m
+                r._generation = lane[0]
+                r._lane = tp
+                r._offset = offset
+                prefix = r._prefix = lane[1]
+                r._mid = f"{prefix}{offset}"
+                r._attributes = r._when = unset
+                out.append(r)
+            else:
+                out.append(record(m, lane[0], tp, offset, lane[1]))
         if anchor and self._unanchored and out:
             self._anchor(out)
         if self._prefetch is not None and out:
