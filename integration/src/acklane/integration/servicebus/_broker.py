@@ -53,6 +53,8 @@ class Stored:
     delivery_count: int = 0
     deferred: bool = False
     dead_letter_source: str | None = None
+    #: Locks held on it now (its entity's ``locks`` that name it): none to be available.
+    locked: int = 0
 
     def encode(
         self,
@@ -255,8 +257,9 @@ class Entity:
             for seq in heap
         )
 
-    def _is_locked(self, stored: Stored) -> bool:
-        return any(lock.stored is stored for lock in self.locks.values())
+    @staticmethod
+    def _is_locked(stored: Stored) -> bool:
+        return stored.locked > 0  # kept by lock() and settle(): no walk over every lock
 
     def expire(self, stored: Stored) -> None:
         self.messages.pop(stored.seq, None)
@@ -285,6 +288,7 @@ class Entity:
         session = self.sessions.get(stored.session) if self.sessionful and stored.session else None
         lock = Lock(token, stored, until, delivery, session)
         self.locks[token] = lock
+        stored.locked += 1
         return lock
 
     def settle(
@@ -297,8 +301,9 @@ class Entity:
         count: bool = True,
     ) -> None:
         """Apply ``complete`` / ``abandon`` / ``defer`` / ``dead-letter`` / ``release``."""
-        self.locks.pop(lock.token, None)
         stored = lock.stored
+        if self.locks.pop(lock.token, None) is not None:
+            stored.locked -= 1
         if outcome == "complete":
             self.messages.pop(stored.seq, None)
         elif outcome == "dead-letter":

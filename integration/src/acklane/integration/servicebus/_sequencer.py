@@ -72,6 +72,14 @@ def _uint(buf: bytes, i: int) -> int | None:
     return None  # null or another type
 
 
+def _code(frame: bytes) -> int | None:
+    """The performative of an AMQP frame (None for SASL, heartbeat or header frames)."""
+    if len(frame) < 12 or frame[5] != 0x00:
+        return None
+    body = frame[4] * 4
+    return frame[body + 2] if frame[body : body + 2] == b"\x00\x53" else None
+
+
 @dataclass
 class _Performative:
     """A frame's performative list: where its fields are, to rewrite one of them."""
@@ -198,6 +206,8 @@ class _Connection:
 
     def outbound(self, frame: bytes) -> list[bytes]:
         """A frame from proton; a disposition of renumbered deliveries named as sent."""
+        if _code(frame) not in (_BEGIN, _DISPOSITION):
+            return [frame]  # its transfers above all: nothing to read in them
         perf = _Performative.read(frame)
         if perf is None:
             return [frame]
@@ -232,31 +242,45 @@ class _Connection:
 
 
 class _Reader:
-    """Whole frames (or 8-byte protocol headers) from a socket."""
+    """Whole frames (or 8-byte protocol headers) from a socket, as many at once as one
+    read brought (each frame copied out once; the buffer is compacted per read)."""
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
-        self.buffer = b""
+        self.buffer = bytearray()
+        self.start = 0  # where the first frame not yet handed out begins
 
-    def _fill(self, n: int) -> bool:
-        while len(self.buffer) < n:
+    def _size(self) -> int | None:
+        """The size of the frame at ``start`` if all of it is here (0: a broken one)."""
+        buf, at = self.buffer, self.start
+        if len(buf) - at < 8:
+            return None
+        if buf[at : at + 4] == b"AMQP":
+            return 8
+        size = int.from_bytes(buf[at : at + 4], "big")
+        if size < 8:
+            return 0
+        return size if len(buf) - at >= size else None
+
+    def frames(self) -> list[bytes] | None:
+        """The next whole frames (reading until there is at least one); None at the end."""
+        frames: list[bytes] = []
+        while True:
+            size = self._size()
+            if size == 0:
+                return None
+            if size is not None:
+                frames.append(bytes(self.buffer[self.start : self.start + size]))
+                self.start += size
+                continue
+            if frames:
+                return frames
+            del self.buffer[: self.start]
+            self.start = 0
             chunk = self.sock.recv(65536)
             if not chunk:
-                return False
-            self.buffer += chunk
-        return True
-
-    def next(self) -> bytes | None:
-        if not self._fill(8):
-            return None
-        if self.buffer[:4] == b"AMQP":
-            size = 8
-        else:
-            size = int.from_bytes(self.buffer[:4], "big")
-            if size < 8 or not self._fill(size):
                 return None
-        frame, self.buffer = self.buffer[:size], self.buffer[size:]
-        return frame
+            self.buffer += chunk
 
 
 class FrameSequencer:
@@ -292,14 +316,16 @@ class FrameSequencer:
         reader = _Reader(src)
         try:
             while True:
-                frame = reader.next()
-                if frame is None:
+                frames = reader.frames()
+                if frames is None:
                     break
-                try:
-                    out = [state.inbound(frame)] if inbound else state.outbound(frame)
-                except (ValueError, IndexError):
-                    log.exception("sequencer: a frame it could not read passed unchanged")
-                    out = [frame]
+                out: list[bytes] = []
+                for frame in frames:  # what one read brought goes on in one write
+                    try:
+                        out += [state.inbound(frame)] if inbound else state.outbound(frame)
+                    except (ValueError, IndexError):
+                        log.exception("sequencer: a frame it could not read passed unchanged")
+                        out.append(frame)
                 dst.sendall(b"".join(out))
         except OSError:
             pass

@@ -30,7 +30,7 @@ import asyncio
 from collections.abc import Hashable
 from typing import Any
 
-__all__ = ["ReceivePacing", "prefetched"]
+__all__ = ["ReceivePacing", "prefetched", "top_up_credit"]
 
 #: A receive of one message that took less found it there (no wait): a backlog sign.
 QUICK = 0.001
@@ -43,6 +43,32 @@ def prefetched(receiver: Any) -> int:
     buffer = getattr(handler, "_received_messages", None)
     size = getattr(buffer, "qsize", None)
     return int(size()) if callable(size) else 0
+
+
+async def top_up_credit(receiver: Any, prefetch: int, buffered: int) -> bool:
+    """Give ``receiver``'s link its credit back once half of it is used, rather than
+    when all of it is (as the SDK does); whether it did.
+
+    The SDK asks for ``prefetch + 1`` more messages only when its link has no credit
+    left, so a receiver that empties its buffer then waits a round trip for the next
+    messages. Topped up to what the buffer has room for (``prefetch + 1`` less what
+    it holds), the link keeps the messages coming while the engine works, and never
+    holds more unreceived than the SDK itself would. Only on the SDK's pyamqp
+    transport, with prefetch (without it the SDK asks per receive).
+    """
+    handler = getattr(receiver, "_handler", None)
+    link = getattr(handler, "_link", None)
+    transport: Any = getattr(receiver, "_amqp_transport", None)
+    credit = getattr(link, "current_link_credit", None)
+    if prefetch <= 0 or not isinstance(credit, int) or getattr(transport, "KIND", None) != "pyamqp":
+        return False
+    if not getattr(receiver, "_running", False):
+        return False  # opening or reconnecting: the SDK gives the link its credit then
+    room = prefetch + 1 - buffered
+    if credit * 2 > room:
+        return False
+    await transport.reset_link_credit_async(handler, room)
+    return True
 
 
 class ReceivePacing:

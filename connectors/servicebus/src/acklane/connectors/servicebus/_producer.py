@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import weakref
 from collections import deque
 from collections.abc import AsyncGenerator, Hashable, Mapping, Sequence
 from typing import Any
@@ -31,7 +32,8 @@ from ._check import ERRORS, UNREACHABLE
 from ._config import ServiceBusConfig
 from ._locks import abandon, lock_interval, renew_due
 from ._message import ServiceBusDelivery, ServiceBusMessage, identity_of
-from ._pacing import ReceivePacing, prefetched
+from ._opening import open_promptly
+from ._pacing import ReceivePacing, prefetched, top_up_credit
 from ._settling import (
     Settlement,
     complete_by_lock,
@@ -81,6 +83,8 @@ class ServiceBusStreamProducer(SharedStreamProducer[ServiceBusDelivery]):
         self._receivers: set[ServiceBusReceiver] = set()
         #: Open session receivers, each with the event that lets its session go.
         self._sessions: dict[ServiceBusReceiver, asyncio.Event] = {}
+        #: Links whose connection failed under a settlement (``_settling``).
+        self._lost_links: weakref.WeakSet[Any] = weakref.WeakSet()
         self._queue: asyncio.Queue[tuple[ServiceBusMessage, ServiceBusDelivery] | BaseException]
         self._queue = asyncio.Queue()
         self._tasks = kit.ProducerTasks(config.describe(), logger=log)
@@ -113,9 +117,12 @@ class ServiceBusStreamProducer(SharedStreamProducer[ServiceBusDelivery]):
             kwargs["session_id"] = NEXT_AVAILABLE_SESSION
             kwargs["max_wait_time"] = cfg.max_wait_time
         if cfg.queue is not None:
-            return self._client.get_queue_receiver(cfg.queue, **kwargs)
-        assert cfg.topic is not None and cfg.subscription is not None
-        return self._client.get_subscription_receiver(cfg.topic, cfg.subscription, **kwargs)
+            receiver = self._client.get_queue_receiver(cfg.queue, **kwargs)
+        else:
+            assert cfg.topic is not None and cfg.subscription is not None
+            receiver = self._client.get_subscription_receiver(cfg.topic, cfg.subscription, **kwargs)
+        open_promptly(receiver)  # no 50 ms pause per frame of its opening
+        return receiver
 
     async def open_stream(
         self,
@@ -246,14 +253,17 @@ class ServiceBusStreamProducer(SharedStreamProducer[ServiceBusDelivery]):
 
     async def _receive_messages(self, receiver: ServiceBusReceiver) -> list[Any]:
         pace = self._pacing
-        buffered = prefetched(receiver)
-        if not buffered:  # else returned at once, without a read: the flusher settles
+        if not prefetched(receiver):  # else returned at once, without a read: the flusher settles
             await self._settlements.flush(receiver)  # settlements queued before go first
-        count = pace.count(receiver, buffered)
         async with pace.lock(receiver):
+            # Read under the lock: a settlement's read may have taken some in meanwhile.
+            buffered = prefetched(receiver)
+            count = pace.count(receiver, buffered)
+            busy = self._holds(receiver)
+            await top_up_credit(receiver, self.config.prefetch, buffered)
             started = time.monotonic()
             messages: list[Any] = await receiver.receive_messages(
-                max_message_count=count, max_wait_time=pace.wait_time(self._holds(receiver))
+                max_message_count=count, max_wait_time=pace.wait_time(busy)
             )
             pace.received(receiver, len(messages), count, time.monotonic() - started)
         return messages
@@ -351,7 +361,7 @@ class ServiceBusStreamProducer(SharedStreamProducer[ServiceBusDelivery]):
         describe = self.config.describe()
         async with self._pacing.lock(receiver):
             while queue:
-                runs = completion_ranges(queue)
+                runs = completion_ranges(queue, self._lost_links)
                 if not runs:
                     await self._settle_one(queue)
                     continue
@@ -379,9 +389,9 @@ class ServiceBusStreamProducer(SharedStreamProducer[ServiceBusDelivery]):
         describe = self.config.describe()
         try:
             if by_lock:
-                done = await complete_by_lock(queue[0], describe)
+                done = await complete_by_lock(queue[0], describe, self._lost_links)
             else:
-                done = await settle(queue[0], self._receivers, describe)
+                done = await settle(queue[0], self._receivers, describe, self._lost_links)
         except Exception as exc:
             mapped = ERRORS.map(exc, f"settling {queue[0].delivery.identity}", AdvanceError)
             self._tasks.fail(mapped)

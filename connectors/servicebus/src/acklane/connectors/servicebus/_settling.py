@@ -16,12 +16,18 @@ by their lock tokens (:func:`complete_by_lock`, through ``$management``: a
 delivery the range settled would get no answer on the link), which says precisely
 which lock was lost: a message the range did complete then reads as a lost lock,
 never as a second completion.
+
+A settlement whose connection fails under it (the connection was reset before the
+receiver noticed and reconnected) is a lost lock too, as when its receiver has a
+new link already: the link it was received on is gone with the connection, so its
+message comes again (or was settled just before), and the link is remembered as
+lost (``lost_links``): the settlements still queued on it are not sent in vain.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Container, Sequence
+from collections.abc import Container, MutableSet, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +35,8 @@ from azure.servicebus._common.constants import (
     MESSAGE_COMPLETE,
     MESSAGE_MGMT_SETTLEMENT_TERM_MAP,
 )
-from azure.servicebus.exceptions import ServiceBusError
+from azure.servicebus._pyamqp.error import AMQPConnectionError
+from azure.servicebus.exceptions import ServiceBusConnectionError, ServiceBusError
 
 from acklane.core.connectors import Action, Verdict
 from acklane.core.connectors.deadletter import bounded_text
@@ -38,6 +45,7 @@ from ._locks import LOCK_LOST
 from ._message import ServiceBusDelivery
 
 __all__ = [
+    "CONNECTION_LOST",
     "LOST",
     "Settlement",
     "complete_by_lock",
@@ -55,6 +63,8 @@ _DESCRIPTION_MAX_BYTES = 1024
 LOST = "lock_lost"
 #: Seconds a range's outcome is awaited when the receiver does not say (the SDK's default).
 _OUTCOME_TIMEOUT = 60.0
+#: A settlement's connection failed under it (the SDK's words, and the socket's).
+CONNECTION_LOST = (ServiceBusConnectionError, AMQPConnectionError, ConnectionError)
 
 
 @dataclass(slots=True, eq=False)
@@ -66,14 +76,33 @@ class Settlement:
     reason: str = ""
 
 
-async def settle(settlement: Settlement, open_receivers: Container[object], describe: str) -> str:
+def _link_gone(delivery: ServiceBusDelivery, lost_links: Container[object]) -> bool:
+    """Whether the link ``delivery`` was received on is gone: its receiver reconnected
+    (or is closed) since, or its connection failed under a settlement."""
+    link = delivery.link
+    return link is not None and (link_of(delivery.receiver) is not link or link in lost_links)
+
+
+def _connection_lost(
+    describe: str, delivery: ServiceBusDelivery, lost_links: MutableSet[Any], exc: BaseException
+) -> str:
+    if delivery.link is not None:
+        lost_links.add(delivery.link)
+    return _lost(describe, delivery, f"its connection failed: {type(exc).__name__}")
+
+
+async def settle(
+    settlement: Settlement,
+    open_receivers: Container[object],
+    describe: str,
+    lost_links: MutableSet[Any],
+) -> str:
     """Send one settlement; returns what it did (an :class:`Action`, or :data:`LOST`)."""
     delivery = settlement.delivery
     receiver, message = delivery.receiver, delivery.message
-    if delivery.link is not None and link_of(receiver) is not delivery.link:
-        # The receiver reconnected (or is closed) since: the message's delivery id
-        # belonged to the lost link, and on the new one it may name another message.
-        # The lost link released it; Service Bus delivers it again.
+    if _link_gone(delivery, lost_links):
+        # The message's delivery id belonged to the lost link, and on a new one it may
+        # name another message. The lost link released it; Service Bus delivers it again.
         log.warning(
             "%s: message %s: its link was lost before settlement; it will be redelivered",
             describe,
@@ -98,6 +127,8 @@ async def settle(settlement: Settlement, open_receivers: Container[object], desc
                 return Action.REDELIVERED
     except LOCK_LOST as exc:
         why = type(exc).__name__  # the lock lapsed or the session went
+    except CONNECTION_LOST as exc:
+        return _connection_lost(describe, delivery, lost_links, exc)
     except ServiceBusError as exc:
         if "lock" not in str(exc).lower() or "lost" not in str(exc).lower():
             raise
@@ -121,17 +152,23 @@ def _lost(describe: str, delivery: ServiceBusDelivery, why: str) -> str:
     return LOST
 
 
-async def complete_by_lock(settlement: Settlement, describe: str) -> str:
+async def complete_by_lock(
+    settlement: Settlement, describe: str, lost_links: MutableSet[Any]
+) -> str:
     """Complete one message by its lock token, through the receiver's ``$management``
     link (what the SDK itself falls back to); an :class:`Action`, or :data:`LOST`."""
     delivery = settlement.delivery
     receiver: Any = delivery.receiver
+    if delivery.link is not None and delivery.link in lost_links:
+        return _lost(describe, delivery, "its connection failed")
     try:
         await receiver._settle_message_via_mgmt_link(
             MESSAGE_MGMT_SETTLEMENT_TERM_MAP[MESSAGE_COMPLETE], [delivery.message.lock_token]
         )
     except LOCK_LOST as exc:
         return _lost(describe, delivery, type(exc).__name__)
+    except CONNECTION_LOST as exc:
+        return _connection_lost(describe, delivery, lost_links, exc)
     except ServiceBusError as exc:
         if "lock" not in str(exc).lower():
             raise
@@ -152,7 +189,7 @@ def link_of(receiver: Any) -> Any:
     return handler if hasattr(handler, "settle_messages_async") else None
 
 
-def _rangeable(settlement: Settlement) -> int | None:
+def _rangeable(settlement: Settlement, lost_links: Container[object]) -> int | None:
     """The delivery id a completion can be sent under in a range, or None."""
     delivery = settlement.delivery
     if settlement.verdict is not Verdict.COMMIT or delivery.link is None:
@@ -165,12 +202,14 @@ def _rangeable(settlement: Settlement) -> int | None:
         return None
     if delivery.session_id is None and getattr(message, "_lock_expired", True):
         return None  # one by one: the SDK reports it as a lost lock
-    if link_of(delivery.receiver) is not delivery.link:
-        return None  # the receiver reconnected: those ids were the old link's
+    if _link_gone(delivery, lost_links):
+        return None  # the receiver reconnected (or will): those ids were the old link's
     return delivery_id
 
 
-def completion_ranges(queue: Sequence[Settlement]) -> list[list[Settlement]]:
+def completion_ranges(
+    queue: Sequence[Settlement], lost_links: Container[object] = ()
+) -> list[list[Settlement]]:
     """The completions at the head of ``queue`` (up to its first other settlement),
     ordered by delivery id and cut where ids are not consecutive or a completion
     cannot be ranged (then a run of its own). Completions commute: their order does
@@ -181,7 +220,7 @@ def completion_ranges(queue: Sequence[Settlement]) -> list[list[Settlement]]:
     for settlement in queue:
         if settlement.verdict is not Verdict.COMMIT:
             break
-        delivery_id = _rangeable(settlement)
+        delivery_id = _rangeable(settlement, lost_links)
         if delivery_id is None:
             singles.append(settlement)
         else:
