@@ -67,7 +67,13 @@ async def top_up_credit(receiver: Any, prefetch: int, buffered: int) -> bool:
     room = prefetch + 1 - buffered
     if credit * 2 > room:
         return False
-    await transport.reset_link_credit_async(handler, room)
+    try:
+        await transport.reset_link_credit_async(handler, room)
+    except Exception:
+        # The connection broke under it: pyamqp's own error, which the SDK maps and
+        # recovers from only in its calls. The receive that follows is one of them
+        # (it reconnects, or fails with the SDK's error); the top-up is only early.
+        return False
     return True
 
 

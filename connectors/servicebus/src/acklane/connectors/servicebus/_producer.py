@@ -168,7 +168,10 @@ class ServiceBusStreamProducer(SharedStreamProducer[ServiceBusDelivery]):
     async def _until_reachable(self, call: Any) -> None:
         try:
             await call()
-        except UNREACHABLE as exc:
+        except (*UNREACHABLE, OperationTimeoutError) as exc:
+            # OperationTimeoutError: the SDK, reconnecting within the receive, could not
+            # open the link in time (a cut connection, a namespace slow to answer); the
+            # next receive opens it again
             await self._reachability.wait(exc)
             return
         self._reachability.answered()
