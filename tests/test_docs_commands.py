@@ -19,8 +19,9 @@ on ``PATH`` and ``uv run`` finding this repository without syncing it
 - ``acklane run ...`` and ``acklane events tail ...`` run for :data:`AFTER_START`
   seconds after the pipeline's streams started polling (:data:`AFTER_START_MEMORY`
   when every stream is the in-process ``memory`` broker, which no other process can
-  feed; at most :data:`RUN_FOR` seconds in all), then get SIGTERM and must exit 0 (a
-  graceful stop).
+  feed; :data:`QUIET_AFTER_ASSIGNED` seconds without output once a Kafka consumer has
+  its partitions, if that comes first; at most :data:`RUN_FOR` seconds in all), then
+  get SIGTERM and must exit 0 (a graceful stop).
 
 HTML comments on the lines just above a block (blank lines between allowed) say
 more about it:
@@ -64,6 +65,11 @@ AFTER_START = 8.0
 #: The same for a pipeline whose streams are all the in-process ``memory`` broker: no
 #: other process can publish to it, so there is nothing to wait for once it polls.
 AFTER_START_MEMORY = 1.0
+#: What a Kafka stream of ``acklane run`` logs once its consumer has its partitions, and
+#: the seconds without a new line after which what was published before is consumed
+#: (a few records: they come in the first fetch).
+ASSIGNED = "Kafka partitions assigned"
+QUIET_AFTER_ASSIGNED = 2.0
 #: Seconds any other command may take.
 COMMAND_TIMEOUT = 300.0
 
@@ -192,6 +198,8 @@ class _Reader:
     def __init__(self, proc: subprocess.Popen[str]) -> None:
         self.proc = proc
         self.lines: list[str] = []
+        #: When the last line came (``time.monotonic()``).
+        self.last = time.monotonic()
         self._thread = threading.Thread(target=self._read, daemon=True)
         self._thread.start()
 
@@ -199,6 +207,7 @@ class _Reader:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             self.lines.append(line)
+            self.last = time.monotonic()
 
     def text(self) -> str:
         return "".join(self.lines)
@@ -258,8 +267,11 @@ def _run_bounded(command: str, cwd: Path, env: dict[str, str]) -> tuple[int, str
     reader = _start(command, cwd, env)
     deadline = time.monotonic() + RUN_FOR
     while reader.proc.poll() is None and time.monotonic() < deadline:
-        if STARTED in reader.text():  # its streams poll: give them a moment to consume
+        text = reader.text()
+        if STARTED in text:  # its streams poll: give them a moment to consume
             deadline = min(deadline, time.monotonic() + after_start)
+        if ASSIGNED in text:  # it consumes: once it has been quiet, it is done
+            deadline = min(deadline, reader.last + QUIET_AFTER_ASSIGNED)
         time.sleep(0.2)
     return _terminate(reader), reader.text()
 
