@@ -17,8 +17,11 @@ on ``PATH`` and ``uv run`` finding this repository without syncing it
   ``SCHEMA_REGISTRY_URL``)
   point at free ports, so ``emulator start --config`` and the pipelines meet there;
 - ``acklane run ...`` and ``acklane events tail ...`` run for :data:`AFTER_START`
-  seconds after the pipeline's streams started polling (at most :data:`RUN_FOR`
-  seconds in all), then get SIGTERM and must exit 0 (a graceful stop).
+  seconds after the pipeline's streams started polling (:data:`AFTER_START_MEMORY`
+  when every stream is the in-process ``memory`` broker, which no other process can
+  feed; :data:`QUIET_AFTER_ASSIGNED` seconds without output once a Kafka consumer has
+  its partitions, if that comes first; at most :data:`RUN_FOR` seconds in all), then
+  get SIGTERM and must exit 0 (a graceful stop).
 
 HTML comments on the lines just above a block (blank lines between allowed) say
 more about it:
@@ -46,6 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import yaml
 
 from acklane.integration.emulator import free_port
 from acklane.integration.servicebus import connection_string
@@ -58,6 +62,14 @@ RUN_FOR = 25.0
 #: What ``acklane run`` logs once its streams poll, and the seconds it runs on after.
 STARTED = "Shared stream group started"
 AFTER_START = 8.0
+#: The same for a pipeline whose streams are all the in-process ``memory`` broker: no
+#: other process can publish to it, so there is nothing to wait for once it polls.
+AFTER_START_MEMORY = 1.0
+#: What a Kafka stream of ``acklane run`` logs once its consumer has its partitions, and
+#: the seconds without a new line after which what was published before is consumed
+#: (a few records: they come in the first fetch).
+ASSIGNED = "Kafka partitions assigned"
+QUIET_AFTER_ASSIGNED = 2.0
 #: Seconds any other command may take.
 COMMAND_TIMEOUT = 300.0
 
@@ -174,10 +186,20 @@ def test_the_documents_have_commands_and_every_not_run_says_why() -> None:
                 assert block.markers["not-run"], f"{document.name}:{block.line}: say why"
 
 
+def test_only_a_pipeline_of_memory_streams_gets_the_short_run() -> None:
+    examples = ROOT / "examples"
+    assert _memory_only("uv run acklane run examples/pipeline.yaml  # a comment", ROOT)
+    assert not _memory_only("uv run acklane run examples/kafka.yaml", ROOT)
+    assert not _memory_only("acklane run missing.yaml", examples)
+    assert not _memory_only("acklane events tail --config nothing", examples)
+
+
 class _Reader:
     def __init__(self, proc: subprocess.Popen[str]) -> None:
         self.proc = proc
         self.lines: list[str] = []
+        #: When the last line came (``time.monotonic()``).
+        self.last = time.monotonic()
         self._thread = threading.Thread(target=self._read, daemon=True)
         self._thread.start()
 
@@ -185,6 +207,7 @@ class _Reader:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             self.lines.append(line)
+            self.last = time.monotonic()
 
     def text(self) -> str:
         return "".join(self.lines)
@@ -221,12 +244,34 @@ def _terminate(reader: _Reader, timeout: float = 60) -> int:
     return proc.returncode
 
 
+def _memory_only(command: str, cwd: Path) -> bool:
+    """Whether every stream of the pipeline files ``command`` names is a ``memory`` one."""
+    files = [cwd / word for word in command.split() if word.endswith((".yaml", ".yml"))]
+    connectors: list[object] = []
+    for path in files:
+        try:
+            document = yaml.safe_load(path.read_text())
+        except (OSError, yaml.YAMLError):
+            return False
+        streams = document.get("streams") if isinstance(document, dict) else None
+        if not isinstance(streams, dict):
+            return False
+        connectors += [
+            s.get("connector") if isinstance(s, dict) else None for s in streams.values()
+        ]
+    return bool(connectors) and all(c == "memory" for c in connectors)
+
+
 def _run_bounded(command: str, cwd: Path, env: dict[str, str]) -> tuple[int, str]:
+    after_start = AFTER_START_MEMORY if _memory_only(command, cwd) else AFTER_START
     reader = _start(command, cwd, env)
     deadline = time.monotonic() + RUN_FOR
     while reader.proc.poll() is None and time.monotonic() < deadline:
-        if STARTED in reader.text():  # its streams poll: give them a moment to consume
-            deadline = min(deadline, time.monotonic() + AFTER_START)
+        text = reader.text()
+        if STARTED in text:  # its streams poll: give them a moment to consume
+            deadline = min(deadline, time.monotonic() + after_start)
+        if ASSIGNED in text:  # it consumes: once it has been quiet, it is done
+            deadline = min(deadline, reader.last + QUIET_AFTER_ASSIGNED)
         time.sleep(0.2)
     return _terminate(reader), reader.text()
 
