@@ -6,6 +6,8 @@
   every trigger event confirmed persisted at once (the store is not measured);
 - :func:`best_of` runs the consumers round after round, interleaved, and keeps each
   one's best; :func:`print_table` and :func:`print_verdict` print the figures;
+- :class:`CpuClock` reads the CPU time the bench process and the emulator's and
+  proxy's processes spent, so that each result says it per 1000 messages;
 - :func:`arguments` is the command line they have in common; :func:`add_rtt` and
   :func:`latency` put acklane's latency proxy between the consumers and the
   emulator (``--rtt-ms``), :func:`print_rtt_verdict` says whether the engine with
@@ -17,9 +19,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from acklane.core.manager import SharedStreamManager
@@ -38,10 +41,18 @@ class Result:
     messages: int
     seconds: float
     calls: int
+    #: CPU seconds by process ("bench", "emulator", "proxy") over the run, if measured.
+    cpu: dict[str, float] = field(default_factory=dict)
+    #: Said beside the run's figures (what was not timed, for one).
+    note: str = ""
 
     @property
     def rate(self) -> float:
         return self.messages / self.seconds
+
+    def cpu_per_1000(self) -> str:
+        """``bench 0.41 emulator 1.20 ...``: CPU seconds per 1000 messages, by process."""
+        return " ".join(f"{k} {v * 1000 / self.messages:.2f}" for k, v in self.cpu.items())
 
     @property
     def calls_per_message(self) -> float:
@@ -82,6 +93,46 @@ class Feeder:
         self.sent += n
 
 
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far, from ``/proc`` (Linux)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()  # after the command's name
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
+class CpuClock:
+    """CPU seconds spent by this process ("bench") and by the named others (by pid)
+    since :meth:`start`; a process whose pid is ``None`` or unreadable is left out."""
+
+    def __init__(self, others: dict[str, int | None]) -> None:
+        self.others = {name: pid for name, pid in others.items() if pid is not None}
+        self._at: dict[str, float] = {}
+
+    def _now(self) -> dict[str, float]:
+        now = {"bench": time.process_time()}
+        for name, pid in self.others.items():
+            with contextlib.suppress(OSError):
+                now[name] = process_cpu_seconds(pid)
+        return now
+
+    def start(self) -> None:
+        self._at = self._now()
+
+    def spent(self) -> dict[str, float]:
+        now = self._now()
+        return {name: now[name] - self._at[name] for name in now if name in self._at}
+
+
+async def metered(clock: CpuClock | None, run: Awaitable[Result]) -> Result:
+    """``run``'s result with the CPU each process spent meanwhile (none without a clock)."""
+    if clock is None:
+        return await run
+    clock.start()
+    result = await run
+    result.cpu = clock.spent()
+    return result
+
+
 async def timed(feeder: Feeder, consume: Callable[[], Awaitable[float | None]]) -> float:
     """Seconds from the prefill to the end of ``consume`` (or the moment it returns)."""
     await feeder.prefill()
@@ -100,11 +151,12 @@ async def engine_seconds(
     *,
     poll: float,
     time_the_stop: bool,
+    stops: list[float] | None = None,
 ) -> float:
     """Seconds for ``watchers`` watchers (each ``trigger()``, sharing one stream) to
     see ``feeder.total`` messages each and for ``landed()`` (the last advances) to
     hold, asked every ``poll`` seconds; the stop of the manager counted too when
-    ``time_the_stop``."""
+    ``time_the_stop``. The stop's own seconds are appended to ``stops`` if given."""
     total = feeder.total
     manager = SharedStreamManager(max_subscriber_queue=1024, ack_timeout=300.0)
     seen = [0] * watchers
@@ -131,9 +183,11 @@ async def engine_seconds(
             await all_seen.wait()
             while not landed():
                 await asyncio.sleep(poll)
-            done = None if time_the_stop else time.perf_counter()
+            done = time.perf_counter()
             await manager.stop_all()
-        return done
+            if stops is not None:
+                stops.append(time.perf_counter() - done)
+        return None if time_the_stop else done
 
     return await timed(feeder, consume)
 
@@ -171,11 +225,21 @@ def started(emulator: Emulator, broker: str) -> Iterator[dict[str, Any]]:
 
 
 async def best_of(
-    repeat: int, one_round: Callable[[], Awaitable[list[Result]]], about: str = ""
+    repeat: int,
+    one_round: Callable[[], Awaitable[list[Result]]],
+    about: str = "",
+    *,
+    show_runs: bool = False,
 ) -> list[Result]:
     """Each consumer's best of ``repeat`` rounds (interleaved, so a busy moment hurts all
-    alike), said with ``about`` added."""
+    alike), said with ``about`` added; every round's figures printed first if
+    ``show_runs``."""
     runs = [await one_round() for _ in range(repeat)]
+    if show_runs:
+        for i, run in enumerate(runs, 1):
+            for r in run:
+                note = f" ({r.note})" if r.note else ""
+                print(f"  run {i}: {r.name:<30} {r.rate:>9.1f} msgs/s  {r.cpu_per_1000()}{note}")
     print(f"best of {repeat} runs per consumer{about}")
     return [max(column, key=lambda r: r.rate) for column in zip(*runs, strict=True)]
 
@@ -183,11 +247,12 @@ async def best_of(
 def print_table(results: list[Result]) -> None:
     """One line per consumer, its rate also as a ratio to the first (the bare loop)."""
     base = results[0]
-    print(f"{'consumer':<30} {'msgs':>6} {'msgs/s':>9} {'x base':>7} {'calls/msg':>10}")
+    cpu = "  CPU s per 1000 msgs" if any(r.cpu for r in results) else ""
+    print(f"{'consumer':<30} {'msgs':>6} {'msgs/s':>9} {'x base':>7} {'calls/msg':>10}{cpu}")
     for r in results:
         print(
             f"{r.name:<30} {r.messages:>6} {r.rate:>9.1f} {r.rate / base.rate:>7.2f} "
-            f"{r.calls_per_message:>10.3f}"
+            f"{r.calls_per_message:>10.3f}  {r.cpu_per_1000()}".rstrip()
         )
 
 

@@ -34,6 +34,7 @@ from urllib.parse import urlsplit
 
 import aioboto3
 from _versus_bare import (  # the bench directory, not a package: found through sys.path
+    CpuClock,
     Feeder,
     Result,
     add_repeat,
@@ -42,6 +43,7 @@ from _versus_bare import (  # the bench directory, not a package: found through 
     best_of,
     engine_seconds,
     latency,
+    metered,
     print_rtt_verdict,
     print_table,
     print_verdict,
@@ -144,17 +146,24 @@ async def through_engine(
     url = await queues.create("bench-engine")
     feeder = feeder_of(queues, url, total, backlog)
     BenchWatcher.producers.clear()
+    stops: list[float] = []
     seconds = await engine_seconds(
         feeder,
         watchers,
         lambda: BenchWatcher(queue_url=url, wait_time_seconds=1, **settings),
-        lambda: BenchWatcher.producers[0].deleted >= total,  # the last advances land
+        lambda: BenchWatcher.producers[0].deleted >= total,  # the last deletes landed
         poll=0.005,
-        time_the_stop=True,
+        # Not timed (as the bare loop's client close is not): the stop waits out the
+        # receive in flight on the now empty queue (its 1 s long poll), to release
+        # what it may get. The timed span ends when the last delete has landed.
+        time_the_stop=False,
+        stops=stops,
     )
     [producer] = BenchWatcher.producers
     name = f"acklane engine, {watchers} watcher{'s' * (watchers > 1)}"
-    return Result(name, total, seconds, steady_calls(producer))
+    result = Result(name, total, seconds, steady_calls(producer))
+    result.note = f"stop {stops[0]:.2f} s, not timed"
+    return result
 
 
 def report(results: list[Result], rtt_ms: float) -> None:
@@ -168,36 +177,42 @@ def report(results: list[Result], rtt_ms: float) -> None:
 
 async def main(args: argparse.Namespace) -> None:
     logging.getLogger("acklane.connectors.sqs").setLevel(logging.ERROR)  # no-DLQ notices
-    with started(emulator_for("sqs"), "SQS") as direct:
+    emulator = emulator_for("sqs")
+    with started(emulator, "SQS") as direct:
         where = urlsplit(direct["endpoint_url"])
         assert where.hostname is not None and where.port is not None
         counts = sorted({1, args.watchers})
         for rtt_ms in args.rtt_ms:
             with latency(where.hostname, where.port, rtt_ms) as proxy:
                 settings = dict(direct, endpoint_url=f"http://{proxy.address}")
+                # CPU of this process (the feeder's included), moto's and the proxy's.
+                clock = CpuClock({"moto": getattr(emulator, "pid", None), "proxy": proxy.pid})
 
-                async def one_round(settings: dict[str, Any] = settings) -> list[Result]:
+                async def one_round(
+                    settings: dict[str, Any] = settings, clock: CpuClock = clock
+                ) -> list[Result]:
+                    n, backlog = args.messages, args.backlog
                     async with SqsQueues(direct) as queues:  # created and fed directly
                         results = [
-                            await bare_loop(settings, queues, args.messages, args.backlog),
-                            await producer_direct(settings, queues, args.messages, args.backlog),
+                            await metered(clock, bare_loop(settings, queues, n, backlog)),
+                            await metered(clock, producer_direct(settings, queues, n, backlog)),
                         ]
-                        for n in counts:
+                        for w in counts:
                             results.append(
-                                await through_engine(
-                                    settings, queues, args.messages, args.backlog, n
+                                await metered(
+                                    clock, through_engine(settings, queues, n, backlog, w)
                                 )
                             )
                         return results
 
                 print(f"\nround trip {rtt_ms:g} ms (latency proxy)")
-                report(await best_of(args.repeat, one_round), rtt_ms)
+                report(await best_of(args.repeat, one_round, show_runs=True), rtt_ms)
 
 
 if __name__ == "__main__":
     parser = arguments(
         __doc__,
-        messages=1000,
+        messages=3000,
         backlog=(30, "queue backlog kept by the feeder"),
         watchers=(3, "watchers sharing the engine's poll"),
     )

@@ -268,6 +268,89 @@ async def test_a_stop_with_no_receive_in_flight_does_not_wait(
     assert await queues.counts(url) == (0, 0)
 
 
+# ------------------------------------------------------------ receives sent ahead
+
+
+async def test_a_full_batch_sends_the_next_receive_before_the_engine_takes_it(
+    settings: dict[str, Any], queues: SqsQueues
+) -> None:
+    url = await queues.create(visibility_timeout=300)
+    await queues.send(url, [f"m{i}" for i in range(15)])
+    producer = SqsStreamProducer(
+        SqsConfig(**settings, queue_url=url, wait_time_seconds=1, batch_size=5)
+    )
+    stream = producer.open_stream()
+    first, _ = await anext(stream)  # four more of its batch wait to be taken
+    await eventually(lambda: producer.outstanding == 10, "the receive sent ahead answered")
+    assert producer.api_calls["ReceiveMessage"] == 2
+    bodies = [first.body]
+    async for message, delivery in stream:
+        bodies.append(message.body)
+        await producer.advance([AdvanceItem(delivery, CLEAN)])
+        if len(bodies) == 15:
+            break
+    assert sorted(bodies) == sorted(f"m{i}".encode() for i in range(15))  # none twice
+    await stream.aclose()
+    await producer.aclose()
+
+
+async def test_what_a_receive_sent_ahead_got_is_released_when_the_stream_closes(
+    settings: dict[str, Any], queues: SqsQueues
+) -> None:
+    url = await queues.create(visibility_timeout=300)
+    await queues.send(url, [f"m{i}" for i in range(6)])
+    producer = SqsStreamProducer(
+        SqsConfig(**settings, queue_url=url, wait_time_seconds=1, batch_size=3)
+    )
+    stream = producer.open_stream()
+    taken = []
+    for _ in range(3):  # the whole first batch: the engine resolves it
+        _, delivery = await anext(stream)
+        taken.append(AdvanceItem(delivery, CLEAN))
+    await producer.advance(taken)
+    await eventually(lambda: producer.outstanding == 3, "the receive sent ahead answered")
+    await stream.aclose()  # suspended at a yield, the next batch never handed out
+    await producer.aclose()
+    assert producer.parked == 0  # never handed to the engine: released, not kept
+    assert await queues.counts(url) == (3, 0)  # visible now, not after 300 s
+
+
+async def test_a_producer_closed_before_its_stream_releases_what_was_received_ahead(
+    settings: dict[str, Any], queues: SqsQueues
+) -> None:
+    url = await queues.create(visibility_timeout=300)
+    await queues.send(url, [f"m{i}" for i in range(4)])
+    producer = SqsStreamProducer(
+        SqsConfig(**settings, queue_url=url, wait_time_seconds=1, batch_size=2)
+    )
+    stream = producer.open_stream()
+    items = [AdvanceItem((await anext(stream))[1], CLEAN) for _ in range(2)]
+    await producer.advance(items)
+    await eventually(lambda: producer.outstanding == 2, "the receive sent ahead answered")
+    await producer.aclose()  # before the stream: its receive ahead is settled here
+    await stream.aclose()  # and not a second time here
+    assert producer.parked == 0
+    assert producer.released == 2
+    assert await queues.counts(url) == (2, 0)
+
+
+async def test_a_fifo_queue_never_receives_ahead(
+    settings: dict[str, Any], queues: SqsQueues
+) -> None:
+    url = await queues.create(fifo=True, visibility_timeout=300)
+    for group in ("a", "b"):
+        await queues.send(url, [f"{group}{i}" for i in range(3)], group_id=group)
+    producer = SqsStreamProducer(
+        SqsConfig(**settings, queue_url=url, wait_time_seconds=1, batch_size=3)
+    )
+    stream = producer.open_stream()
+    await anext(stream)  # a full batch of group a (group b waits behind it)
+    assert producer._ahead is None  # a standard queue's would be sent by now
+    assert producer.api_calls["ReceiveMessage"] == 1
+    await stream.aclose()
+    await producer.aclose()
+
+
 # ------------------------------------------------------ FIFO receive attempt ids
 
 

@@ -203,6 +203,11 @@ class LocalProcessEmulator(Emulator):
         """True while the server process is alive."""
         return self._process is not None and self._process.poll() is None
 
+    @property
+    def pid(self) -> int | None:
+        """The server process's id while it runs (benches read its CPU time)."""
+        return None if self._process is None else self._process.pid
+
     def _launch(self, command: Sequence[str], log_prefix: str, failure: str) -> None:
         """Run ``command``, its output to a new log file (``{log_prefix}*.log``), and
         return once :meth:`wait_healthy` passed; else stop it and raise EmulatorError

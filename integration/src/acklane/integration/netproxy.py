@@ -373,6 +373,11 @@ class ProxyProcess:
     def address(self) -> str:
         return f"{self.host}:{self.port}"
 
+    @property
+    def pid(self) -> int | None:
+        """The proxy process's id while it runs (benches read its CPU time)."""
+        return None if self._process is None else self._process.pid
+
     def start(self) -> Self:
         host, port = self.target
         self._process = subprocess.Popen(

@@ -150,6 +150,8 @@ class SqsStreamProducer(SharedStreamProducer[SqsDelivery]):
         self._visibility_lock = asyncio.Lock()  # orders releases after heartbeat extensions
         #: The ReceiveMessage call in flight (its own task, so a stop cannot cut it off).
         self._receive_task: asyncio.Task[list[SqsDelivery]] | None = None
+        #: Standard queues: the next receive, sent as soon as the last one answered.
+        self._ahead: asyncio.Task[list[SqsDelivery]] | None = None
         #: A receive whose poll was cancelled: what it returns is released, not yielded.
         self._orphan: asyncio.Task[list[SqsDelivery]] | None = None
         #: FIFO: the ReceiveRequestAttemptId to send, and until when SQS honours it.
@@ -201,8 +203,13 @@ class SqsStreamProducer(SharedStreamProducer[SqsDelivery]):
                     delivery = self._unyielded.popleft()
                     yield delivery.message, delivery
         finally:
-            # Closed or cancelled: what was received but never handed out goes back now.
+            # Closed or cancelled: what was received but never handed out goes back now,
+            # and so does what the receive sent ahead gets.
             self._release_unyielded()
+            ahead, self._ahead = self._ahead, None
+            if ahead is not None:
+                self._orphan = ahead
+                ahead.add_done_callback(self._settle_orphan)
 
     async def _start(self) -> None:
         cfg = self.config
@@ -229,12 +236,16 @@ class SqsStreamProducer(SharedStreamProducer[SqsDelivery]):
         a failing group), the call still completes (within its long-poll wait) and what
         SQS handed out is made visible again at once, instead of staying invisible for
         the visibility timeout (on FIFO queues, with its groups blocked meanwhile).
+
+        On a standard queue, a receive that returned a full batch sends the next one
+        at once, before the engine has taken them: SQS answers it while the engine
+        works (still one receive in flight at a time). After a smaller batch the queue
+        is about drained, and the next receive waits for the engine as before (a stop
+        then has no long poll to wait out). A FIFO queue always waits (a second
+        receive could not return the groups the first one holds, and its attempt id
+        must belong to one request at a time).
         """
-        task = asyncio.create_task(
-            self._receive_call(self._receive_request()),
-            name=f"acklane sqs receive {self.queue_url}",
-        )
-        self._receive_task = task
+        task, self._ahead = self._ahead or self._receive_sent(), None
         try:
             received = await asyncio.shield(task)
         except asyncio.CancelledError:
@@ -247,9 +258,19 @@ class SqsStreamProducer(SharedStreamProducer[SqsDelivery]):
             await self._reachability.wait(exc.__cause__ or exc)
             return []
         self._reachability.answered()
-        if not received and self.config.wait_time_seconds == 0:
+        if len(received) >= self.config.batch_size and not self.is_fifo:
+            self._ahead = self._receive_sent()  # a full batch: more is likely waiting
+        elif not received and self.config.wait_time_seconds == 0:
             await asyncio.sleep(_EMPTY_SHORT_POLL_PAUSE)
         return received
+
+    def _receive_sent(self) -> asyncio.Task[list[SqsDelivery]]:
+        task = asyncio.create_task(
+            self._receive_call(self._receive_request()),
+            name=f"acklane sqs receive {self.queue_url}",
+        )
+        self._receive_task = task
+        return task
 
     def _receive_request(self) -> dict[str, Any]:
         cfg = self.config
@@ -685,6 +706,11 @@ class SqsStreamProducer(SharedStreamProducer[SqsDelivery]):
         if self._closed:
             return
         self._closed = True
+        # A receive sent ahead (in flight or answered) was never handed out: what it
+        # gets is released at once, below, and the stream's close leaves it alone.
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and self._orphan is None:
+            self._orphan = ahead
         try:
             await self._finish_receive()
         finally:
