@@ -518,6 +518,62 @@ async def test_put_refuses_fields_the_database_could_not_store(
 
 
 @pytest.mark.parametrize(
+    ("field", "value", "error"),
+    [
+        ("trigger_id", "", ValueError),
+        ("trigger_id", 7, TypeError),
+        ("message_id", 42, TypeError),
+        ("stream_key", "\ud800", ValueError),
+        ("stream_key", 3, TypeError),
+        ("position", -1, ValueError),
+        ("position", True, ValueError),
+        ("payload", (1, 2), TypeError),
+    ],
+)
+@pytest.mark.parametrize("shared", [False, True])
+async def test_put_event_nowait_refuses_what_put_refuses(
+    sqlite_store: EventStore, field: str, value: Any, error: type[Exception], shared: bool
+) -> None:
+    # the inline path's put, with its checks written out: the same refusals
+    fields: dict[str, Any] = {
+        "trigger_id": "w",
+        "stream_key": "k",
+        "payload": {},
+        "message_id": "m",
+        "position": 0,
+    }
+    sqlite_store.put_event_nowait(*fields.values(), None, shared)  # the pair checked once
+    fields[field] = value
+    with pytest.raises(error, match=field):
+        sqlite_store.put_event_nowait(*fields.values(), None, shared)
+    await sqlite_store.flush()
+    assert sqlite_store.pending == 0
+    assert await sqlite_store.count() == 1
+
+
+async def test_put_event_nowait_reuses_a_shared_payloads_text_only_for_that_object(
+    sqlite_store: EventStore,
+) -> None:
+    body = {"n": 1}
+    sqlite_store.put_event_nowait("a", "k", body, "m", 0, None, True)
+    sqlite_store.put_event_nowait("b", "k", body, "m", 0, None, True)  # the same object
+    sqlite_store.put_event_nowait("c", "k", {"n": 2}, "m", 0, None, True)
+    body["n"] = 3  # changed: a put that does not say it is shared encodes it again
+    sqlite_store.put_event_nowait("d", "k", body, "m", 0, None)
+    sqlite_store.put_event_nowait("e", "k", {"n": 4}, "\ud800", 0, None, True)
+    await sqlite_store.flush()
+    stored = {e.trigger_id: e for e in await sqlite_store.list_events()}
+    assert {t: e.payload for t, e in stored.items()} == {
+        "a": {"n": 1},
+        "b": {"n": 1},
+        "c": {"n": 2},
+        "d": {"n": 3},
+        "e": {"n": 4},
+    }
+    assert (stored["e"].message_id or "").startswith("sha256:")
+
+
+@pytest.mark.parametrize(
     "odd_id",
     ["x" * 5000, "é" * 600, "a\x00b", "\ud800 lone surrogate"],
     ids=["long", "wide", "nul", "surrogate"],

@@ -35,7 +35,17 @@ from ..sql import (
     unsupported_url,
 )
 from ._insert import BatchInsert, batch_insert_for
-from ._model import EncodedRow, EventRecord, StoredEvent, encode_fields, encode_record
+from ._model import (
+    MAX_MESSAGE_ID_BYTES,
+    MAX_POSITION,
+    EncodedRow,
+    EventRecord,
+    StoredEvent,
+    checked_message_id,
+    encode_payload,
+    encode_record,
+    storable_pair,
+)
 from ._reader import EventReader
 from ._retention import DEFAULT_PRUNE_BATCH, count_older_than, cutoff_for, prune_older_than
 from ._schema import create_tables
@@ -137,6 +147,10 @@ class EventStore:
         self._failure: BaseException | None = None
         self._stopping = False
         self._queue: deque[tuple[EncodedRow, int | None]] = deque()
+        # put_event_nowait's memos: each trigger's last (stream key, storable key), and
+        # the last shared payload with its JSON text (held, so its id is not reused).
+        self._pairs: dict[str, tuple[str, str]] = {}
+        self._last_payload: tuple[Any, str] = (None, "null")
         self._accepted = 0  # records put so far
         self._done = 0  # records committed and confirmed so far (FIFO, so a prefix)
         self._flush_waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
@@ -300,10 +314,60 @@ class EventStore:
         message_id: str | None,
         position: int,
         seq: int | None = None,
+        payload_shared: bool = False,
     ) -> None:
         """:meth:`put_nowait` of an :class:`EventRecord`'s fields, without building one
-        (the runner's inline path, once per trigger event)."""
-        self._queue_row(encode_fields(trigger_id, stream_key, payload, message_id, position), seq)
+        (the runner's inline path, once per trigger event): the same checks and errors,
+        written out here for the common case (a checked trigger and stream key, an
+        ASCII message id), which is most of a run's work outside the database.
+
+        ``payload_shared``: the caller knows that a payload which is the very object
+        of the previous such put is unchanged since (one message's decoded body,
+        emitted by several declarative watchers, which only read it): its JSON text
+        is then reused instead of checked and encoded again.
+        """
+        if type(trigger_id) is str and type(stream_key) is str:
+            checked = self._pairs.get(trigger_id)
+            if checked is not None and checked[0] == stream_key:
+                storable_key = checked[1]
+            else:
+                storable_key = storable_pair(trigger_id, stream_key)
+                self._pairs[trigger_id] = (stream_key, storable_key)
+        else:
+            storable_key = storable_pair(trigger_id, stream_key)
+        if message_id is not None and not (
+            type(message_id) is str
+            and message_id.isascii()
+            and len(message_id) <= MAX_MESSAGE_ID_BYTES
+            and "\x00" not in message_id
+        ):
+            message_id = checked_message_id(trigger_id, message_id)
+        if type(position) is not int or not 0 <= position <= MAX_POSITION:
+            raise ValueError(
+                f"trigger {trigger_id!r}: position must be an int in [0, {MAX_POSITION}], "
+                f"not {position!r}"
+            )
+        if payload_shared:
+            last = self._last_payload
+            if last[0] is payload:
+                text = last[1]
+            else:
+                text = encode_payload(trigger_id, payload)
+                self._last_payload = (payload, text)
+        else:
+            text = encode_payload(trigger_id, payload)
+        if seq is not None and type(seq) is not int:
+            raise TypeError(f"seq must be an int or None, not {type(seq).__qualname__}")
+        if self._failure is not None or self._state != "open":
+            self._raise_unless_accepting()
+        queue = self._queue
+        queue.append(((trigger_id, storable_key, text, message_id, position), seq))
+        self._accepted += 1
+        size = len(queue)
+        if size == 1:
+            self._wakeup.set()
+        if size >= self._max_batch:
+            self._batch_full.set()
 
     def _queue_row(self, row: EncodedRow, seq: int | None) -> None:
         if seq is not None and type(seq) is not int:
