@@ -984,3 +984,35 @@ def test_the_displayed_store_url_hides_the_password_and_secret_query_parameters(
     assert "pw-123456" not in shown
     assert "topsecret1" not in shown
     assert "application_name=x" in shown
+
+
+@pytest.mark.parametrize(
+    "row",
+    [
+        ("w", "k", '{"n":1}', "m", 0),
+        ("w", "k", '{"n":1}', None, 0),
+        ("w\t1", "k", "p", "m", 1),
+        ("w", "k\n", "p", "m", 1),
+        ("w", "k", '{"s":"a\\"b"}', "m", 2),
+        ("w", "k", "p", "m\r", 3),
+        ("w", "k", "p", "\\N", 4),
+    ],
+)
+def test_copy_text_escapes_exactly_what_postgresql_copy_reads_specially(
+    row: tuple[str, str, str, str | None, int],
+) -> None:
+    from acklane.core.events._insert import _copy_text
+
+    def escaped(value: str) -> str:
+        for raw, esc in (("\\", "\\\\"), ("\t", "\\t"), ("\n", "\\n"), ("\r", "\\r")):
+            value = value.replace(raw, esc)
+        return value
+
+    *text, message_id, position = row
+    expected = "\t".join(
+        [*(escaped(v) for v in text), "\\N" if message_id is None else escaped(message_id)]
+    )
+    plain = ("w", "k", "{}", "m", 9)
+    assert _copy_text([plain, row, plain]) == (
+        f"w\tk\t{{}}\tm\t9\n{expected}\t{position}\nw\tk\t{{}}\tm\t9\n"
+    )
