@@ -122,7 +122,7 @@ def _copy_text(rows: Sequence[EncodedRow]) -> str:
     does, the batch is written again field by field, escaped.
     """
     heads: dict[str, tuple[str, str]] = {}  # trigger -> (stream key, its two fields)
-    lines = []
+    lines: list[str] = []
     add = lines.append
     nulls = 0
     for trigger_id, stream_key, payload, message_id, position in rows:
