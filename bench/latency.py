@@ -15,8 +15,8 @@ Bus on acklane's emulators) and each store (SQLite, PostgreSQL at
    row (the time of the transaction that committed it) minus ``t``.
 
 It prints p50/p99 per case (and the publish rate reached, which on slow emulators
-may fall short of the one asked for) and checks the target: p99 < 50 ms at 10% load
-on Kafka with SQLite (PASS/MISS).
+may fall short of the one asked for) and checks the target: p99 < 20 ms at 10% load
+on Kafka with SQLite (PASS/MISS; issue 23, the earlier target was 50 ms).
 
     uv run python bench/latency.py
     uv run python bench/latency.py --brokers kafka --stores sqlite --seconds 10
@@ -44,7 +44,7 @@ from _pipeline import (
 )
 
 LOADS = (0.1, 0.8)
-TARGET_P99_MS = 50.0
+TARGET_P99_MS = 20.0  # issue 23 (it was 50 ms before)
 
 
 @dataclass
