@@ -265,6 +265,17 @@ async def test_a_full_batch_cuts_the_linger_short(
         assert confirmations.calls == [[0, 1, 2, 3]]
 
 
+async def test_the_writer_lingers_only_while_more_events_come(
+    sqlite_url: str, confirmations: Confirmations
+) -> None:
+    # nothing put in the turn after the first event: it is committed at once, not
+    # after commit_interval (an hour here)
+    async with EventStore(sqlite_url, on_confirmed=confirmations, commit_interval=3600) as s:
+        await s.put(rec(0), seq=0)
+        await confirmations.wait_for(1)
+        assert confirmations.calls == [[0]]
+
+
 async def test_flush_cuts_the_linger_short(sqlite_url: str, confirmations: Confirmations) -> None:
     async with EventStore(sqlite_url, on_confirmed=confirmations, commit_interval=3600) as s:
         await s.put(rec(0), seq=0)

@@ -2,7 +2,7 @@
 
 ``put`` checks and serializes a record and queues it without suspending. One
 writer task (owned by the store) takes what is queued, lingers at most
-``commit_interval`` for more, writes the batch in one transaction with one
+``commit_interval`` for more while more keeps coming, writes the batch in one transaction with one
 duplicate-skipping INSERT, commits, and only then calls ``on_confirmed`` with
 the batch's binding numbers. A failed transaction is rolled back, confirms
 nothing, and is retried with capped exponential backoff.
@@ -408,6 +408,13 @@ class EventStore:
 
     async def _write_loop(self) -> None:
         queue = self._queue
+        # The writer found the queue empty since its last batch (a new writer: idle).
+        woke = True
+        # Only on SQLite, where a commit is cheap (an fsync on this machine), does the
+        # linger stop as soon as nothing more comes; a PostgreSQL commit costs several
+        # round trips, and fuller batches there measured faster (bench/README.md,
+        # "runfast").
+        eager = not self._pg
         try:
             while True:
                 if not queue:
@@ -415,6 +422,7 @@ class EventStore:
                         return
                     self._wakeup.clear()
                     await self._wakeup.wait()
+                    woke = True
                     continue
                 if (
                     len(queue) < self._max_batch
@@ -423,11 +431,24 @@ class EventStore:
                     and not self._stopping
                 ):
                     self._batch_full.clear()
-                    try:
-                        async with asyncio.timeout(self._commit_interval):
-                            await self._batch_full.wait()
-                    except TimeoutError:
-                        pass
+                    linger = True
+                    if woke and eager:
+                        # The queue was empty (not a backlog): linger only while records
+                        # keep coming. One turn of the loop first (what the engine hands
+                        # out now is queued in it); if none came in that turn, none is on
+                        # its way, and lingering would only add commit_interval to the
+                        # latency of every event of the batch. Busy (records queued while
+                        # the last batch committed), the linger fills batches, as before.
+                        before = len(queue)
+                        await asyncio.sleep(0)
+                        linger = len(queue) > before and not self._flush_waiters
+                    if linger:
+                        try:
+                            async with asyncio.timeout(self._commit_interval):
+                                await self._batch_full.wait()
+                        except TimeoutError:
+                            pass
+                woke = False
                 # Records queued from here on, while this batch commits, form the next one.
                 batch = [queue.popleft() for _ in range(min(len(queue), self._max_batch))]
                 self._room.set()
