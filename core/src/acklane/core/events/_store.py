@@ -408,8 +408,6 @@ class EventStore:
 
     async def _write_loop(self) -> None:
         queue = self._queue
-        # The writer found the queue empty since its last batch (a new writer: idle).
-        woke = True
         # Only on SQLite, where a commit is cheap (an fsync on this machine), does the
         # linger stop as soon as nothing more comes; a PostgreSQL commit costs several
         # round trips, and fuller batches there measured faster (bench/README.md,
@@ -422,7 +420,6 @@ class EventStore:
                         return
                     self._wakeup.clear()
                     await self._wakeup.wait()
-                    woke = True
                     continue
                 if (
                     len(queue) < self._max_batch
@@ -432,13 +429,11 @@ class EventStore:
                 ):
                     self._batch_full.clear()
                     linger = True
-                    if woke and eager:
-                        # The queue was empty (not a backlog): linger only while records
-                        # keep coming. One turn of the loop first (what the engine hands
-                        # out now is queued in it); if none came in that turn, none is on
-                        # its way, and lingering would only add commit_interval to the
-                        # latency of every event of the batch. Busy (records queued while
-                        # the last batch committed), the linger fills batches, as before.
+                    if eager:
+                        # Linger only while records keep coming: one turn of the loop
+                        # first (what the engine hands out now is queued in it); if none
+                        # came in that turn, none is on its way, and lingering would only
+                        # add commit_interval to the latency of every event of the batch.
                         before = len(queue)
                         await asyncio.sleep(0)
                         linger = len(queue) > before and not self._flush_waiters
@@ -448,7 +443,6 @@ class EventStore:
                                 await self._batch_full.wait()
                         except TimeoutError:
                             pass
-                woke = False
                 # Records queued from here on, while this batch commits, form the next one.
                 batch = [queue.popleft() for _ in range(min(len(queue), self._max_batch))]
                 self._room.set()
