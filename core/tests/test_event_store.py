@@ -265,6 +265,17 @@ async def test_a_full_batch_cuts_the_linger_short(
         assert confirmations.calls == [[0, 1, 2, 3]]
 
 
+async def test_the_writer_lingers_only_while_more_events_come(
+    sqlite_url: str, confirmations: Confirmations
+) -> None:
+    # nothing put in the turn after the first event: it is committed at once, not
+    # after commit_interval (an hour here)
+    async with EventStore(sqlite_url, on_confirmed=confirmations, commit_interval=3600) as s:
+        await s.put(rec(0), seq=0)
+        await confirmations.wait_for(1)
+        assert confirmations.calls == [[0]]
+
+
 async def test_flush_cuts_the_linger_short(sqlite_url: str, confirmations: Confirmations) -> None:
     async with EventStore(sqlite_url, on_confirmed=confirmations, commit_interval=3600) as s:
         await s.put(rec(0), seq=0)
@@ -515,6 +526,62 @@ async def test_put_refuses_fields_the_database_could_not_store(
     with pytest.raises(error, match=field):
         await sqlite_store.put(EventRecord(**fields))
     assert sqlite_store.pending == 0
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "error"),
+    [
+        ("trigger_id", "", ValueError),
+        ("trigger_id", 7, TypeError),
+        ("message_id", 42, TypeError),
+        ("stream_key", "\ud800", ValueError),
+        ("stream_key", 3, TypeError),
+        ("position", -1, ValueError),
+        ("position", True, ValueError),
+        ("payload", (1, 2), TypeError),
+    ],
+)
+@pytest.mark.parametrize("shared", [False, True])
+async def test_put_event_nowait_refuses_what_put_refuses(
+    sqlite_store: EventStore, field: str, value: Any, error: type[Exception], shared: bool
+) -> None:
+    # the inline path's put, with its checks written out: the same refusals
+    fields: dict[str, Any] = {
+        "trigger_id": "w",
+        "stream_key": "k",
+        "payload": {},
+        "message_id": "m",
+        "position": 0,
+    }
+    sqlite_store.put_event_nowait(*fields.values(), None, shared)  # the pair checked once
+    fields[field] = value
+    with pytest.raises(error, match=field):
+        sqlite_store.put_event_nowait(*fields.values(), None, shared)
+    await sqlite_store.flush()
+    assert sqlite_store.pending == 0
+    assert await sqlite_store.count() == 1
+
+
+async def test_put_event_nowait_reuses_a_shared_payloads_text_only_for_that_object(
+    sqlite_store: EventStore,
+) -> None:
+    body = {"n": 1}
+    sqlite_store.put_event_nowait("a", "k", body, "m", 0, None, True)
+    sqlite_store.put_event_nowait("b", "k", body, "m", 0, None, True)  # the same object
+    sqlite_store.put_event_nowait("c", "k", {"n": 2}, "m", 0, None, True)
+    body["n"] = 3  # changed: a put that does not say it is shared encodes it again
+    sqlite_store.put_event_nowait("d", "k", body, "m", 0, None)
+    sqlite_store.put_event_nowait("e", "k", {"n": 4}, "\ud800", 0, None, True)
+    await sqlite_store.flush()
+    stored = {e.trigger_id: e for e in await sqlite_store.list_events()}
+    assert {t: e.payload for t, e in stored.items()} == {
+        "a": {"n": 1},
+        "b": {"n": 1},
+        "c": {"n": 2},
+        "d": {"n": 3},
+        "e": {"n": 4},
+    }
+    assert (stored["e"].message_id or "").startswith("sha256:")
 
 
 @pytest.mark.parametrize(
@@ -928,3 +995,35 @@ def test_the_displayed_store_url_hides_the_password_and_secret_query_parameters(
     assert "pw-123456" not in shown
     assert "topsecret1" not in shown
     assert "application_name=x" in shown
+
+
+@pytest.mark.parametrize(
+    "row",
+    [
+        ("w", "k", '{"n":1}', "m", 0),
+        ("w", "k", '{"n":1}', None, 0),
+        ("w\t1", "k", "p", "m", 1),
+        ("w", "k\n", "p", "m", 1),
+        ("w", "k", '{"s":"a\\"b"}', "m", 2),
+        ("w", "k", "p", "m\r", 3),
+        ("w", "k", "p", "\\N", 4),
+    ],
+)
+def test_copy_text_escapes_exactly_what_postgresql_copy_reads_specially(
+    row: tuple[str, str, str, str | None, int],
+) -> None:
+    from acklane.core.events._insert import _copy_text
+
+    def escaped(value: str) -> str:
+        for raw, esc in (("\\", "\\\\"), ("\t", "\\t"), ("\n", "\\n"), ("\r", "\\r")):
+            value = value.replace(raw, esc)
+        return value
+
+    *text, message_id, position = row
+    expected = "\t".join(
+        [*(escaped(v) for v in text), "\\N" if message_id is None else escaped(message_id)]
+    )
+    plain = ("w", "k", "{}", "m", 9)
+    assert _copy_text([plain, row, plain]) == (
+        f"w\tk\t{{}}\tm\t9\n{expected}\t{position}\nw\tk\t{{}}\tm\t9\n"
+    )

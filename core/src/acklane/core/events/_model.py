@@ -12,16 +12,22 @@ from typing import Any, NoReturn
 import msgspec
 
 __all__ = [
+    "MAX_MESSAGE_ID_BYTES",
+    "MAX_POSITION",
     "EncodedRow",
     "EventRecord",
     "StoredEvent",
+    "checked_message_id",
+    "encode_fields",
+    "encode_payload",
     "encode_record",
     "storable_message_id",
+    "storable_pair",
     "storable_stream_key",
 ]
 
 # The largest value of the INTEGER ``position`` column on both backends.
-_MAX_POSITION = 2**31 - 1
+MAX_POSITION = 2**31 - 1
 # The indexed text columns stay below PostgreSQL's b-tree entry limit (2704 bytes)
 # together: the dedupe index holds all three, plus the position.
 MAX_TRIGGER_ID_BYTES = 512
@@ -91,17 +97,29 @@ def encode_fields(
     if storable_key is None:
         storable_key = _check_pair(trigger_id, stream_key)
     if message_id is not None:
-        if not isinstance(message_id, str):
-            raise TypeError(
-                f"trigger {trigger_id!r}: message_id must be a str or None, "
-                f"not {type(message_id).__qualname__}"
-            )
-        message_id = storable_message_id(message_id)
-    if type(position) is not int or not 0 <= position <= _MAX_POSITION:
+        message_id = checked_message_id(trigger_id, message_id)
+    if type(position) is not int or not 0 <= position <= MAX_POSITION:
         raise ValueError(
-            f"trigger {trigger_id!r}: position must be an int in [0, {_MAX_POSITION}], "
+            f"trigger {trigger_id!r}: position must be an int in [0, {MAX_POSITION}], "
             f"not {position!r}"
         )
+    return (trigger_id, storable_key, encode_payload(trigger_id, payload), message_id, position)
+
+
+def checked_message_id(trigger_id: str, message_id: Any) -> str:
+    """A record's message id as stored (see :func:`storable_message_id`); TypeError
+    when it is not a str."""
+    if not isinstance(message_id, str):
+        raise TypeError(
+            f"trigger {trigger_id!r}: message_id must be a str or None, "
+            f"not {type(message_id).__qualname__}"
+        )
+    return storable_message_id(message_id)
+
+
+def encode_payload(trigger_id: str, payload: Any) -> str:
+    """The JSON text of a record's payload; :class:`TypeError` (naming the trigger and
+    where the offending value sits) when it is not a JSON value."""
     # Only JSON values are stored, exactly: a read gives back what was put. Checked
     # first, since both encoders quietly take more (tuples as arrays, int keys as
     # strings; msgspec also NaN as null, datetimes, dataclasses...).
@@ -112,15 +130,24 @@ def encode_fields(
     if not strict:
         _payload_error(trigger_id, payload)
     try:
-        text = _fast_dumps(payload).decode()
+        return _fast_dumps(payload).decode()
     except (TypeError, ValueError, UnicodeDecodeError, RecursionError):
         # what msgspec refuses (a lone surrogate, an int subclass, too deep) the
         # standard library decides, as before
         try:
-            text = _ENCODER.encode(payload)
+            return _ENCODER.encode(payload)
         except (TypeError, ValueError, RecursionError):
             _payload_error(trigger_id, payload)
-    return (trigger_id, storable_key, text, message_id, position)
+
+
+def storable_pair(trigger_id: str, stream_key: str) -> str:
+    """Check a record's trigger id and stream key (as :func:`encode_fields` does); the
+    storable stream key. Remembered for exact strs, so a second call is one lookup."""
+    if type(trigger_id) is str and type(stream_key) is str:
+        found = _CHECKED_PAIRS.get((trigger_id, stream_key))
+        if found is not None:
+            return found
+    return _check_pair(trigger_id, stream_key)
 
 
 # (trigger_id, stream_key) already checked -> the storable stream key. Bounded.

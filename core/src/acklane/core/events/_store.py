@@ -2,7 +2,7 @@
 
 ``put`` checks and serializes a record and queues it without suspending. One
 writer task (owned by the store) takes what is queued, lingers at most
-``commit_interval`` for more, writes the batch in one transaction with one
+``commit_interval`` for more while more keeps coming, writes the batch in one transaction with one
 duplicate-skipping INSERT, commits, and only then calls ``on_confirmed`` with
 the batch's binding numbers. A failed transaction is rolled back, confirms
 nothing, and is retried with capped exponential backoff.
@@ -35,7 +35,17 @@ from ..sql import (
     unsupported_url,
 )
 from ._insert import BatchInsert, batch_insert_for
-from ._model import EncodedRow, EventRecord, StoredEvent, encode_fields, encode_record
+from ._model import (
+    MAX_MESSAGE_ID_BYTES,
+    MAX_POSITION,
+    EncodedRow,
+    EventRecord,
+    StoredEvent,
+    checked_message_id,
+    encode_payload,
+    encode_record,
+    storable_pair,
+)
 from ._reader import EventReader
 from ._retention import DEFAULT_PRUNE_BATCH, count_older_than, cutoff_for, prune_older_than
 from ._schema import create_tables
@@ -137,6 +147,10 @@ class EventStore:
         self._failure: BaseException | None = None
         self._stopping = False
         self._queue: deque[tuple[EncodedRow, int | None]] = deque()
+        # put_event_nowait's memos: each trigger's last (stream key, storable key), and
+        # the last shared payload with its JSON text (held, so its id is not reused).
+        self._pairs: dict[str, tuple[str, str]] = {}
+        self._last_payload: tuple[Any, str] = (None, "null")
         self._accepted = 0  # records put so far
         self._done = 0  # records committed and confirmed so far (FIFO, so a prefix)
         self._flush_waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
@@ -300,10 +314,60 @@ class EventStore:
         message_id: str | None,
         position: int,
         seq: int | None = None,
+        payload_shared: bool = False,
     ) -> None:
         """:meth:`put_nowait` of an :class:`EventRecord`'s fields, without building one
-        (the runner's inline path, once per trigger event)."""
-        self._queue_row(encode_fields(trigger_id, stream_key, payload, message_id, position), seq)
+        (the runner's inline path, once per trigger event): the same checks and errors,
+        written out here for the common case (a checked trigger and stream key, an
+        ASCII message id), which is most of a run's work outside the database.
+
+        ``payload_shared``: the caller knows that a payload which is the very object
+        of the previous such put is unchanged since (one message's decoded body,
+        emitted by several declarative watchers, which only read it): its JSON text
+        is then reused instead of checked and encoded again.
+        """
+        if type(trigger_id) is str and type(stream_key) is str:
+            checked = self._pairs.get(trigger_id)
+            if checked is not None and checked[0] == stream_key:
+                storable_key = checked[1]
+            else:
+                storable_key = storable_pair(trigger_id, stream_key)
+                self._pairs[trigger_id] = (stream_key, storable_key)
+        else:
+            storable_key = storable_pair(trigger_id, stream_key)
+        if message_id is not None and not (
+            type(message_id) is str
+            and message_id.isascii()
+            and len(message_id) <= MAX_MESSAGE_ID_BYTES
+            and "\x00" not in message_id
+        ):
+            message_id = checked_message_id(trigger_id, message_id)
+        if type(position) is not int or not 0 <= position <= MAX_POSITION:
+            raise ValueError(
+                f"trigger {trigger_id!r}: position must be an int in [0, {MAX_POSITION}], "
+                f"not {position!r}"
+            )
+        if payload_shared:
+            last = self._last_payload
+            if last[0] is payload:
+                text = last[1]
+            else:
+                text = encode_payload(trigger_id, payload)
+                self._last_payload = (payload, text)
+        else:
+            text = encode_payload(trigger_id, payload)
+        if seq is not None and type(seq) is not int:
+            raise TypeError(f"seq must be an int or None, not {type(seq).__qualname__}")
+        if self._failure is not None or self._state != "open":
+            self._raise_unless_accepting()
+        queue = self._queue
+        queue.append(((trigger_id, storable_key, text, message_id, position), seq))
+        self._accepted += 1
+        size = len(queue)
+        if size == 1:
+            self._wakeup.set()
+        if size >= self._max_batch:
+            self._batch_full.set()
 
     def _queue_row(self, row: EncodedRow, seq: int | None) -> None:
         if seq is not None and type(seq) is not int:
@@ -344,6 +408,11 @@ class EventStore:
 
     async def _write_loop(self) -> None:
         queue = self._queue
+        # Only on SQLite, where a commit is cheap (an fsync on this machine), does the
+        # linger stop as soon as nothing more comes; a PostgreSQL commit costs several
+        # round trips, and fuller batches there measured faster (bench/README.md,
+        # "runfast").
+        eager = not self._pg
         try:
             while True:
                 if not queue:
@@ -359,11 +428,21 @@ class EventStore:
                     and not self._stopping
                 ):
                     self._batch_full.clear()
-                    try:
-                        async with asyncio.timeout(self._commit_interval):
-                            await self._batch_full.wait()
-                    except TimeoutError:
-                        pass
+                    linger = True
+                    if eager:
+                        # Linger only while records keep coming: one turn of the loop
+                        # first (what the engine hands out now is queued in it); if none
+                        # came in that turn, none is on its way, and lingering would only
+                        # add commit_interval to the latency of every event of the batch.
+                        before = len(queue)
+                        await asyncio.sleep(0)
+                        linger = len(queue) > before and not self._flush_waiters
+                    if linger:
+                        try:
+                            async with asyncio.timeout(self._commit_interval):
+                                await self._batch_full.wait()
+                        except TimeoutError:
+                            pass
                 # Records queued from here on, while this batch commits, form the next one.
                 batch = [queue.popleft() for _ in range(min(len(queue), self._max_batch))]
                 self._room.set()

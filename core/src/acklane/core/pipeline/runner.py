@@ -324,7 +324,7 @@ class _Cohort:
             assert subscription is not None
             subscription.reject(reason)
 
-        emit = _inline_emitter(self, name, reject, first)
+        emit = _inline_emitter(self, name, reject, first, shared=not compiled.calls_user_code)
         try:
             subscription = manager.inline_subscription(
                 trigger_id=name,
@@ -368,11 +368,19 @@ def _inline_emitter(
     name: str,
     reject: Callable[[str], None],
     first: list[BaseException],
+    *,
+    shared: bool = False,
 ) -> Callable[[Any, BoundEvent | None], None]:
     """What an inline watcher does with each payload its filter returned, as
     :meth:`_Cohort._watch` does with each event: tell the observer, queue it in the
     event store; a payload that is not JSON rejects its raw event; any other error
-    fails the group while the watcher is still subscribed (``WatcherLeft``)."""
+    fails the group while the watcher is still subscribed (``WatcherLeft``).
+
+    ``shared``: the filter is declarative, so what it returns is read-only (the
+    message's decoded body, shared by the watchers that evaluate it in turn, or
+    parts of it): the store may reuse the JSON text of the very object it was given
+    just before, unless an observer of our caller's sees each event (it might change
+    it)."""
     runner = cohort.runner
     manager = runner.manager
     store = runner.store
@@ -385,6 +393,7 @@ def _inline_emitter(
     watcher_events = progress.watcher_events
     watcher_events.setdefault(name, 0)
     tracer = runner.tracer  # OpenTelemetry spans, or None (tracing off)
+    shared = shared and fired is None
 
     def emit(payload: Any, bound: BoundEvent | None) -> None:
         if type(payload) is TriggerEvent:
@@ -395,9 +404,9 @@ def _inline_emitter(
                 fired(name, TriggerEvent(payload), message_id)
             try:
                 if bound is None:
-                    put(name, key_text, payload, None, 0, None)
+                    put(name, key_text, payload, None, 0, None, shared)
                 else:
-                    put(name, key_text, payload, message_id, bound.position, bound.seq)
+                    put(name, key_text, payload, message_id, bound.position, bound.seq, shared)
                 progress.events += 1
                 watcher_events[name] += 1
                 if tracer is not None:
