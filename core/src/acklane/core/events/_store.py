@@ -292,13 +292,7 @@ class EventStore:
             self._room.clear()
             await self._room.wait()
             self._raise_unless_accepting()
-        queue.append((row, seq))
-        self._accepted += 1
-        size = len(queue)
-        if size == 1:
-            self._wakeup.set()
-        if size >= self._max_batch:
-            self._batch_full.set()
+        self._enqueue(row, seq)
 
     def put_nowait(self, record: EventRecord, seq: int | None = None) -> None:
         """:meth:`put` without waiting: queued even past ``max_pending`` (a caller that
@@ -373,6 +367,11 @@ class EventStore:
         if seq is not None and type(seq) is not int:
             raise TypeError(f"seq must be an int or None, not {type(seq).__qualname__}")
         self._raise_unless_accepting()
+        self._enqueue(row, seq)
+
+    def _enqueue(self, row: EncodedRow, seq: int | None) -> None:
+        """Append a checked row, and wake the writer (first row) or flush (batch full).
+        ``put_event_nowait`` writes the same steps in line: it runs once per event."""
         queue = self._queue
         queue.append((row, seq))
         self._accepted += 1
