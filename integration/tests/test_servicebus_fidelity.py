@@ -342,7 +342,11 @@ def test_concurrent_lock_renewals_from_many_threads_keep_the_connection(
 ) -> None:
     from azure.servicebus import AutoLockRenewer
 
-    queue = bus.create_queue(lock_duration=4)  # the renewer renews in its last 3 s
+    # A lock of 6 s (the service's shortest is 5 s). The SDK's renewer starts about 2 s
+    # after register(), and its worker threads share one socket lock with reads that
+    # block for 0.2 s each, so the first renewal's response can wait a further 2 s on a
+    # loaded machine: with a 4 s lock the first renewal sometimes arrived too late.
+    queue = bus.create_queue(lock_duration=6)
     renewer = AutoLockRenewer(max_workers=8)
     try:
         with client(bus) as c:
@@ -353,7 +357,7 @@ def test_concurrent_lock_renewals_from_many_threads_keep_the_connection(
                 assert len(got) == 10
                 for message in got:
                     renewer.register(receiver, message, max_lock_renewal_duration=30)
-                time.sleep(5)  # past the 4 s lock: only the renewals keep the messages
+                time.sleep(7)  # past the 6 s lock: only the renewals keep the messages
                 for message in got:
                     receiver.complete_message(message)
     finally:
