@@ -200,3 +200,26 @@ def test_retry_after_as_an_http_date() -> None:
 def test_detail_of_quotes_fastapis_detail_or_the_bodys_start() -> None:
     assert detail_of('{"detail":"Invalid credentials"}') == "Invalid credentials"
     assert detail_of("x" * 500, 10) == "x" * 10 + "..."
+
+
+def test_a_500_listing_asset_events_is_retried_with_airflows_known_cause() -> None:
+    """Airflow 3.3 answers 500 to GET /assets/events while an event's DAG run has no
+    start date yet: the lookup is retried, and its reason names the cause."""
+    from acklane.core.sinks._airflow_client import EVENTS_PATH, AirflowClient
+
+    client = AirflowClient(
+        url="http://localhost:8080",
+        username=None,
+        password=None,
+        token="t",
+        verify_tls=True,
+        timeout=5.0,
+        scrub=lambda text: text,
+    )
+    failed = Reply(500, "Internal Server Error", {})
+    with pytest.raises(RetryableDelivery, match=r"71360; retried"):
+        client.expect_ok(failed, f"GET /{EVENTS_PATH} of asset id 3")
+    with pytest.raises(RetryableDelivery) as other:
+        client.expect_ok(failed, "GET /api/v2/assets")
+    assert "71360" not in str(other.value)
+    client.expect_ok(Reply(200, "{}", {}), f"GET /{EVENTS_PATH} of asset id 3")

@@ -22,6 +22,7 @@ Needs Airflow in the environment (``uv sync --group airflow``); nothing here imp
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -58,6 +59,8 @@ __all__ = [
 #: The simple auth manager's users: an admin (who posts asset events) and a viewer.
 ADMIN: Final = "acklane"
 VIEWER: Final = "viewer"
+#: Seconds :meth:`AirflowRest.get` asks again after a ``500`` before raising it.
+SERVER_ERROR_PATIENCE: Final = 60.0
 
 
 class AirflowServerError(AcklaneError):
@@ -316,15 +319,28 @@ class AirflowRest:
                 raise AirflowServerError(f"GET /api/v2/auth/logout: {resp.status}")
 
     async def get(self, path: str, **params: str | int) -> Any:
-        """``GET /api/v2/<path>`` as the user; the JSON answer."""
-        async with self._open().get(
-            f"{self.url}/api/v2/{path.lstrip('/')}",
-            params=params,
-            headers={"Authorization": f"Bearer {self.token}"},
-        ) as resp:
-            if resp.status != 200:
-                raise AirflowServerError(f"GET /api/v2/{path}: {resp.status} {await resp.text()}")
-            return await resp.json()
+        """``GET /api/v2/<path>`` as the user; the JSON answer.
+
+        A ``500`` is asked again for up to :data:`SERVER_ERROR_PATIENCE` seconds before
+        it is raised: Airflow 3.3 answers ``GET /assets/events`` with ``500`` while any
+        listed event has created a DAG run that has not started yet (its ``start_date``
+        is null, which the response model refuses; apache/airflow#71360), and a
+        scheduler starts such a run within moments. SQLite's one-writer-at-a-time
+        metadata database gives brief 500s of its own.
+        """
+        deadline = time.monotonic() + SERVER_ERROR_PATIENCE
+        while True:
+            async with self._open().get(
+                f"{self.url}/api/v2/{path.lstrip('/')}",
+                params=params,
+                headers={"Authorization": f"Bearer {self.token}"},
+            ) as resp:
+                if resp.status == 200:
+                    return await resp.json()
+                failure = f"GET /api/v2/{path}: {resp.status} {await resp.text()}"
+                if resp.status != 500 or time.monotonic() >= deadline:
+                    raise AirflowServerError(failure)
+            await asyncio.sleep(0.25)
 
     async def _pages(self, path: str, key: str, **params: str | int) -> list[dict[str, Any]]:
         rows: list[dict[str, Any]] = []

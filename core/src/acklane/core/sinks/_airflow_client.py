@@ -397,6 +397,11 @@ class AirflowClient:
         hint = " (is url the API server's base URL?)" if reply.status in (404, 405) else ""
         if reply.status == 403:
             hint = " (the user lacks permission to read assets)"
+        if reply.status == 500 and EVENTS_PATH in what:
+            hint = (
+                " (Airflow 3.3 answers 500 here while a DAG run created by one of the"
+                " asset's events has not started yet: apache/airflow#71360; retried)"
+            )
         raise RetryableDelivery(
             self.scrub(f"{what}: {reply.status} {detail_of(reply.text)}{hint}"),
             retry_after=retry_after_of(reply.headers),
