@@ -216,7 +216,13 @@ class SqsStreamProducer(SharedStreamProducer[SqsDelivery]):
         self._client = await open_client(self._session, cfg, self._stack, error=SqsConnectorError)
         self._client.meta.events.register("before-send.sqs", self._count_request)
         self._reachability.where = str(self._client.meta.endpoint_url)
-        queue = await read_queue(self._client, cfg, self._reachability, error=SqsConnectorError)
+        async with AsyncExitStack() as probing:
+            probe = await open_client(
+                self._session, cfg, probing, error=SqsConnectorError, max_attempts=1
+            )
+            queue = await read_queue(
+                self._client, cfg, self._reachability, error=SqsConnectorError, probe=probe
+            )
         self.queue_url, self.queue_arn, self.is_fifo = queue.url, queue.arn, queue.fifo
         self.visibility_timeout = queue.visibility_timeout
         self.max_message_size = queue.max_message_size

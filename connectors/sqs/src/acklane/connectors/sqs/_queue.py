@@ -47,9 +47,18 @@ class QueueFacts:
 
 
 async def open_client(
-    session: Any, cfg: SqsConfig, stack: AsyncExitStack, *, error: type[ReceiveError]
+    session: Any,
+    cfg: SqsConfig,
+    stack: AsyncExitStack,
+    *,
+    error: type[ReceiveError],
+    max_attempts: int = 5,
 ) -> Any:
-    """An aioboto3 SQS client for ``cfg``, entered on ``stack``."""
+    """An aioboto3 SQS client for ``cfg``, entered on ``stack``.
+
+    ``max_attempts`` is botocore's, per call: 5 absorbs a throttle or a dropped
+    connection; 1 (the start-up probe of :func:`read_queue`) tells at once that the
+    endpoint does not answer, instead of after about 12 s of botocore's backoff."""
     session = session or aioboto3.Session(
         profile_name=cfg.profile,
         aws_access_key_id=reveal(cfg.aws_access_key_id),
@@ -60,7 +69,7 @@ async def open_client(
     client_config = AioConfig(
         read_timeout=cfg.wait_time_seconds + 15,
         connect_timeout=10,
-        retries={"mode": "standard", "max_attempts": 5},
+        retries={"mode": "standard", "max_attempts": max_attempts},
         max_pool_connections=10,
     )
     # Creating a client reads botocore's JSON models (~100 ms of blocking file and
@@ -77,10 +86,21 @@ async def open_client(
 
 
 async def read_queue(
-    client: Any, cfg: SqsConfig, reachability: Reachability, *, error: type[ReceiveError]
+    client: Any,
+    cfg: SqsConfig,
+    reachability: Reachability,
+    *,
+    error: type[ReceiveError],
+    probe: Any = None,
 ) -> QueueFacts:
-    """The queue's facts; waits while the endpoint does not answer."""
+    """The queue's facts; waits while the endpoint does not answer.
+
+    With ``probe`` (a client that does not retry), the wait is told as soon as one
+    call goes unanswered: the probe asks until the endpoint answers anything, then
+    ``client`` reads the facts, with its retries and its own errors."""
     reader = _Reader(client, cfg, error)
+    if probe is not None:
+        await reachability.until_answered(_Reader(probe, cfg, error).reach, ERRORS.unreachable)
     attributes = await reachability.until_answered(reader.locate, ERRORS.unreachable)
     url = reader.url
     visibility = cfg.visibility_timeout
@@ -126,6 +146,15 @@ class _Reader:
         cfg = self.cfg
         self.url = cfg.queue_url or await self.queue_url(cfg.queue_name, cfg.account_id)
         return await self.attributes(self.url)
+
+    async def reach(self) -> None:
+        """Return once the endpoint answers, whatever it says; raise only while it
+        does not (what its answer means is :meth:`locate`'s to tell)."""
+        try:
+            await self.locate()
+        except Exception as exc:
+            if ERRORS.unreachable(exc):
+                raise
 
     async def queue_url(self, name: str | None, account_id: str | None) -> str:
         kwargs: dict[str, Any] = {"QueueName": name}
