@@ -27,7 +27,7 @@ INCOMPATIBLE = "Schema being registered is incompatible with an earlier schema f
 def _order(*extra: dict[str, Any], drop: str = "") -> Schema:
     fields = [{"name": "id", "type": "string"}, {"name": "amount", "type": "double"}]
     fields = [f for f in fields if f["name"] != drop] + list(extra)
-    record = {"type": "record", "name": "Order", "namespace": "shop", "fields": fields}
+    record = {"type": "record", "name": "Order", "namespace": "shop.compat", "fields": fields}
     return Schema(json.dumps(record), "AVRO")
 
 
@@ -223,7 +223,7 @@ def test_references_are_resolved_for_the_check(client: SchemaRegistryClient) -> 
                 {
                     "type": "record",
                     "name": "Money",
-                    "namespace": "shop",
+                    "namespace": "compat",
                     "fields": [{"name": "cents", "type": "long"}],
                 }
             ),
@@ -235,15 +235,43 @@ def test_references_are_resolved_for_the_check(client: SchemaRegistryClient) -> 
         record = {
             "type": "record",
             "name": "Priced",
-            "namespace": "shop",
-            "fields": [{"name": "price", "type": "shop.Money"}, *extra],
+            "namespace": "compat",
+            "fields": [{"name": "price", "type": "compat.Money"}, *extra],
         }
-        return Schema(json.dumps(record), "AVRO", [SchemaReference("shop.Money", money, 1)])
+        return Schema(json.dumps(record), "AVRO", [SchemaReference("compat.Money", money, 1)])
 
     subject = _subject(client)
     client.register_schema(subject, priced())
     client.register_schema(
-        subject, priced({"name": "was", "type": ["null", "shop.Money"], "default": None})
+        subject, priced({"name": "was", "type": ["null", "compat.Money"], "default": None})
     )
-    message = _refused(client, subject, priced({"name": "tax", "type": "shop.Money"}))
+    message = _refused(client, subject, priced({"name": "tax", "type": "compat.Money"}))
     assert "'tax'" in message
+
+
+def _json(required: list[str], **properties: Any) -> Schema:
+    schema = {"type": "object", "properties": properties, "required": required}
+    return Schema(json.dumps(schema), "JSON")
+
+
+def test_json_schema_required_and_types(client: SchemaRegistryClient) -> None:
+    subject = _subject(client)
+    integer, number, text = {"type": "integer"}, {"type": "number"}, {"type": "string"}
+    client.register_schema(subject, _json(["id"], id=text, amount=integer))
+    # widened: every old document is still valid
+    client.register_schema(subject, _json(["id"], id=text, amount=number))
+    # a property newly required: old documents may lack it
+    message = _refused(client, subject, _json(["id", "amount"], id=text, amount=number))
+    assert "REQUIRED_ATTRIBUTE_ADDED" in message
+    # a type narrowed back (not version 1's schema: that one would get its id back): old
+    # documents may hold 2.5
+    whole = dict(integer, description="whole units")
+    assert "TYPE_NARROWED" in _refused(client, subject, _json(["id"], id=text, amount=whole))
+    # no longer required: fine
+    client.register_schema(subject, _json([], id=text, amount=number))
+    assert client.get_versions(subject) == [1, 2, 3]
+
+    forward = _subject(client, "FORWARD")
+    client.register_schema(forward, _json(["id"], id=text))
+    # old readers require id
+    assert "REQUIRED_ATTRIBUTE_ADDED" in _refused(client, forward, _json([], id=text))

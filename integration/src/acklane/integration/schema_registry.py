@@ -58,6 +58,7 @@ from acklane.core.errors import AcklaneError
 from ._avro_compat import AvroSchema, AvroSchemaError
 from ._avro_compat import incompatibilities as avro_incompatibilities
 from ._avro_compat import parse as parse_avro
+from ._json_compat import incompatibilities as json_incompatibilities
 from .emulator import Emulator, EmulatorError, LocalProcessEmulator, free_port, wait_for_port
 
 __all__ = [
@@ -316,6 +317,12 @@ class Registry:
                 found += [i.message("old", "new") for i in avro_incompatibilities(previous, new)]
             if level in ("BACKWARD", "FULL"):  # the new schema reads the old one's data
                 found += [i.message("new", "old") for i in avro_incompatibilities(new, previous)]
+        elif kind == "JSON":  # two of Confluent's rules (_json_compat); Protobuf: none
+            now, then = json.loads(text), json.loads(old.text)
+            if level in ("FORWARD", "FULL"):
+                found += [i.message("old", "new") for i in json_incompatibilities(then, now)]
+            if level in ("BACKWARD", "FULL"):
+                found += [i.message("new", "old") for i in json_incompatibilities(now, then)]
         return found
 
     def _avro(self, text: str, refs: list[dict[str, Any]]) -> AvroSchema:
