@@ -34,6 +34,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from acklane.core.errors import AcklaneError
+
 __all__ = ["AvroSchema", "AvroSchemaError", "Incompatibility", "incompatibilities", "parse"]
 
 PRIMITIVES = frozenset({"null", "boolean", "int", "long", "float", "double", "bytes", "string"})
@@ -48,7 +50,7 @@ PROMOTIONS: Mapping[str, frozenset[str]] = {
 _NAMED = ("record", "error", "enum", "fixed")
 
 
-class AvroSchemaError(ValueError):
+class AvroSchemaError(AcklaneError, ValueError):
     """A schema this module cannot read (no name, a name never defined, ...)."""
 
 
