@@ -19,8 +19,11 @@ What the server answers (state in memory, lost when it stops):
   ``?permanent=true``);
 - ``GET /schemas/ids/{id}`` (with ``/subjects``, ``/versions``, ``/schema``), ``GET
   /schemas/types``;
-- ``GET|PUT|DELETE /config`` and ``/config/{s}`` (the compatibility level, kept and
-  returned; see below), ``GET /mode``;
+- ``GET|PUT|DELETE /config`` and ``/config/{s}`` (the compatibility level, global and
+  per subject; enforced, see below), ``GET /mode``;
+- ``POST /compatibility/subjects/{s}/versions/{v}`` (``v``: a number or ``latest``)
+  and ``POST /compatibility/subjects/{s}/versions``: ``{"is_compatible": ...}``, with
+  ``messages`` when ``?verbose=true``;
 - HTTP basic authentication when started with ``--user``.
 
 Schemas are checked when registered: Avro by fastavro (when installed, references
@@ -30,9 +33,28 @@ schemas are returned as they were registered: confluent-kafka's serializer regis
 the base64 ``FileDescriptorProto`` its deserializer asks for (``format=serialized``);
 ``.proto`` text registered by another tool is returned as text.
 
-Not emulated: compatibility checks (the level is stored, no registration is refused
-for breaking it, ``/compatibility`` answers 404), modes other than READWRITE,
-contexts, schema GUIDs, metadata and rule sets (accepted and dropped).
+Compatibility: a new schema under a subject is held to the subject's level (its own,
+else the global one, ``BACKWARD`` by default) against the subject's versions not
+deleted: the latest one, or with a ``*_TRANSITIVE`` level every one, latest first.
+``BACKWARD``: the new schema reads what the old one wrote; ``FORWARD``: the old reads
+the new's; ``FULL``: both; ``NONE``: nothing is checked. A schema breaking it is
+refused with HTTP 409 and error code 409, in Confluent's words (``Schema being
+registered is incompatible with an earlier schema for subject "s", details: [...]``:
+the findings, then the version, its schema and the level). The
+``/compatibility`` endpoints ask the same question without registering (the one
+with a version compares with that version only). What is compared:
+
+- a schema of another type than the old version's is incompatible;
+- Avro: the specification's schema resolution, as Confluent's checker applies it
+  (:mod:`._avro_compat`: promotions, records and field defaults and aliases, enums,
+  fixed, unions, named types, references resolved);
+- JSON Schema: two of Confluent's rules only (:mod:`._json_compat`: a type narrowed
+  or changed, a property newly required without a default); its other rules (open
+  and closed content models, bounds, combined schemas, ``$ref``) are not applied;
+- Protobuf: nothing (one Protobuf schema is always compatible with another).
+
+Not emulated: modes other than READWRITE, contexts, schema GUIDs, metadata and rule
+sets (accepted and dropped), ``normalize`` (accepted and ignored).
 """
 
 from __future__ import annotations
