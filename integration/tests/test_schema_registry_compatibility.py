@@ -3,6 +3,7 @@ what it refuses here, Confluent's registry refuses (HTTP 409, error code 409).""
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -275,3 +276,43 @@ def test_json_schema_required_and_types(client: SchemaRegistryClient) -> None:
     client.register_schema(forward, _json(["id"], id=text))
     # old readers require id
     assert "REQUIRED_ATTRIBUTE_ADDED" in _refused(client, forward, _json([], id=text))
+
+
+def _proto(**fields: int | str) -> Schema:
+    """A Protobuf schema as confluent-kafka's serializer registers it (a base64
+    FileDescriptorProto): package ``compat``, a message ``Money`` and a message
+    ``Order`` with ``id`` (1, a string) and ``fields`` (name: a scalar type's number or
+    ``"Money"``), numbered from 2 in order."""
+    from google.protobuf import descriptor_pb2
+
+    f = descriptor_pb2.FieldDescriptorProto
+    file = descriptor_pb2.FileDescriptorProto(name="compat.proto", package="compat")
+    file.syntax = "proto3"
+    file.message_type.add(name="Money").field.add(
+        name="cents", number=1, type=f.TYPE_INT64, label=f.LABEL_OPTIONAL
+    )
+    order = file.message_type.add(name="Order")
+    order.field.add(name="id", number=1, type=f.TYPE_STRING, label=f.LABEL_OPTIONAL)
+    for number, (name, type_) in enumerate(fields.items(), start=2):
+        field = order.field.add(name=name, number=number, label=f.LABEL_OPTIONAL)
+        if isinstance(type_, int):
+            field.type = type_
+        else:
+            field.type, field.type_name = f.TYPE_MESSAGE, f".compat.{type_}"
+    return Schema(base64.b64encode(file.SerializeToString()).decode(), "PROTOBUF")
+
+
+def test_protobuf_field_kinds(client: SchemaRegistryClient) -> None:
+    pytest.importorskip("google.protobuf")
+    from google.protobuf.descriptor_pb2 import FieldDescriptorProto as F
+
+    subject = _subject(client)
+    client.register_schema(subject, _proto(amount=F.TYPE_INT32))
+    client.register_schema(subject, _proto(amount=F.TYPE_INT64))  # the same encoding
+    client.register_schema(subject, _proto(amount=F.TYPE_INT64, note=F.TYPE_STRING))
+    message = _refused(client, subject, _proto(amount=F.TYPE_STRING))
+    assert "FIELD_SCALAR_KIND_CHANGED" in message
+    assert "FIELD_KIND_CHANGED" in _refused(client, subject, _proto(amount="Money"))
+    assert client.get_versions(subject) == [1, 2, 3]
+    client.set_compatibility(subject, "NONE")
+    client.register_schema(subject, _proto(amount=F.TYPE_STRING))

@@ -51,7 +51,10 @@ with a version compares with that version only). What is compared:
 - JSON Schema: two of Confluent's rules only (:mod:`._json_compat`: a type narrowed
   or changed, a property newly required without a default); its other rules (open
   and closed content models, bounds, combined schemas, ``$ref``) are not applied;
-- Protobuf: nothing (one Protobuf schema is always compatible with another).
+- Protobuf: three of Confluent's rules (:mod:`._protobuf_compat`: a field number
+  whose kind, scalar encoding group or message type changed), on schemas given as a
+  serialized descriptor (what confluent-kafka registers) with ``protobuf``
+  installed; ``.proto`` text is not checked, nor are the other rules.
 
 Not emulated: modes other than READWRITE, contexts, schema GUIDs, metadata and rule
 sets (accepted and dropped), ``normalize`` (accepted and ignored).
@@ -81,6 +84,8 @@ from ._avro_compat import AvroSchema, AvroSchemaError
 from ._avro_compat import incompatibilities as avro_incompatibilities
 from ._avro_compat import parse as parse_avro
 from ._json_compat import incompatibilities as json_incompatibilities
+from ._protobuf_compat import incompatibilities as protobuf_incompatibilities
+from ._protobuf_compat import parse as parse_protobuf
 from .emulator import Emulator, EmulatorError, LocalProcessEmulator, free_port, wait_for_port
 
 __all__ = [
@@ -339,12 +344,24 @@ class Registry:
                 found += [i.message("old", "new") for i in avro_incompatibilities(previous, new)]
             if level in ("BACKWARD", "FULL"):  # the new schema reads the old one's data
                 found += [i.message("new", "old") for i in avro_incompatibilities(new, previous)]
-        elif kind == "JSON":  # two of Confluent's rules (_json_compat); Protobuf: none
+        elif kind == "JSON":  # two of Confluent's rules (_json_compat)
             now, then = json.loads(text), json.loads(old.text)
             if level in ("FORWARD", "FULL"):
                 found += [i.message("old", "new") for i in json_incompatibilities(then, now)]
             if level in ("BACKWARD", "FULL"):
                 found += [i.message("new", "old") for i in json_incompatibilities(now, then)]
+        else:  # Protobuf: three rules (_protobuf_compat), on serialized descriptors only
+            new_file, old_file = parse_protobuf(text), parse_protobuf(old.text)
+            if new_file is None or old_file is None:
+                return []
+            if level in ("FORWARD", "FULL"):
+                found += [
+                    i.message("old", "new") for i in protobuf_incompatibilities(old_file, new_file)
+                ]
+            if level in ("BACKWARD", "FULL"):
+                found += [
+                    i.message("new", "old") for i in protobuf_incompatibilities(new_file, old_file)
+                ]
         return found
 
     def _avro(self, text: str, refs: list[dict[str, Any]]) -> AvroSchema:
