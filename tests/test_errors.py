@@ -100,6 +100,7 @@ BRANCHES: dict[str, type[AcklaneError]] = {
     "acklane.integration.pubsub._schemas.SchemaError": AcklaneError,
     "acklane.integration.servicebus._rules.RuleError": AcklaneError,
     "acklane.integration.schema_registry.RegistryError": AcklaneError,
+    "acklane.integration._avro_compat.AvroSchemaError": AcklaneError,
     "acklane.connectors.kafka._formats.SchemaRegistryUnavailable": ConnectorError,
     "acklane.core.connectors.dlq.DeadLettersNotSupported": ConnectorError,
 }
@@ -134,6 +135,7 @@ BUILTIN_BASES: dict[str, type[Exception]] = {
     "acklane.core.sinks._registry.UnknownSinkKind": LookupError,
     "acklane.core.sinks.webhook.SignatureError": ValueError,
     "acklane.core.observe.tracing.TracingUnavailable": RuntimeError,
+    "acklane.integration._avro_compat.AvroSchemaError": ValueError,
 }
 
 

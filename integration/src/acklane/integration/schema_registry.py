@@ -19,8 +19,11 @@ What the server answers (state in memory, lost when it stops):
   ``?permanent=true``);
 - ``GET /schemas/ids/{id}`` (with ``/subjects``, ``/versions``, ``/schema``), ``GET
   /schemas/types``;
-- ``GET|PUT|DELETE /config`` and ``/config/{s}`` (the compatibility level, kept and
-  returned; see below), ``GET /mode``;
+- ``GET|PUT|DELETE /config`` and ``/config/{s}`` (the compatibility level, global and
+  per subject; enforced, see below), ``GET /mode``;
+- ``POST /compatibility/subjects/{s}/versions/{v}`` (``v``: a number or ``latest``)
+  and ``POST /compatibility/subjects/{s}/versions``: ``{"is_compatible": ...}``, with
+  ``messages`` when ``?verbose=true``;
 - HTTP basic authentication when started with ``--user``.
 
 Schemas are checked when registered: Avro by fastavro (when installed, references
@@ -30,9 +33,31 @@ schemas are returned as they were registered: confluent-kafka's serializer regis
 the base64 ``FileDescriptorProto`` its deserializer asks for (``format=serialized``);
 ``.proto`` text registered by another tool is returned as text.
 
-Not emulated: compatibility checks (the level is stored, no registration is refused
-for breaking it, ``/compatibility`` answers 404), modes other than READWRITE,
-contexts, schema GUIDs, metadata and rule sets (accepted and dropped).
+Compatibility: a new schema under a subject is held to the subject's level (its own,
+else the global one, ``BACKWARD`` by default) against the subject's versions not
+deleted: the latest one, or with a ``*_TRANSITIVE`` level every one, latest first.
+``BACKWARD``: the new schema reads what the old one wrote; ``FORWARD``: the old reads
+the new's; ``FULL``: both; ``NONE``: nothing is checked. A schema breaking it is
+refused with HTTP 409 and error code 409, in Confluent's words (``Schema being
+registered is incompatible with an earlier schema for subject "s", details: [...]``:
+the findings, then the version, its schema and the level). The
+``/compatibility`` endpoints ask the same question without registering (the one
+with a version compares with that version only). What is compared:
+
+- a schema of another type than the old version's is incompatible;
+- Avro: the specification's schema resolution, as Confluent's checker applies it
+  (:mod:`._avro_compat`: promotions, records and field defaults and aliases, enums,
+  fixed, unions, named types, references resolved);
+- JSON Schema: two of Confluent's rules only (:mod:`._json_compat`: a type narrowed
+  or changed, a property newly required without a default); its other rules (open
+  and closed content models, bounds, combined schemas, ``$ref``) are not applied;
+- Protobuf: three of Confluent's rules (:mod:`._protobuf_compat`: a field number
+  whose kind, scalar encoding group or message type changed), on schemas given as a
+  serialized descriptor (what confluent-kafka registers) with ``protobuf``
+  installed; ``.proto`` text is not checked, nor are the other rules.
+
+Not emulated: modes other than READWRITE, contexts, schema GUIDs, metadata and rule
+sets (accepted and dropped), ``normalize`` (accepted and ignored).
 """
 
 from __future__ import annotations
@@ -55,6 +80,12 @@ from aiohttp import web
 
 from acklane.core.errors import AcklaneError
 
+from ._avro_compat import AvroSchema, AvroSchemaError
+from ._avro_compat import incompatibilities as avro_incompatibilities
+from ._avro_compat import parse as parse_avro
+from ._json_compat import incompatibilities as json_incompatibilities
+from ._protobuf_compat import incompatibilities as protobuf_incompatibilities
+from ._protobuf_compat import parse as parse_protobuf
 from .emulator import Emulator, EmulatorError, LocalProcessEmulator, free_port, wait_for_port
 
 __all__ = [
@@ -134,20 +165,24 @@ class Registry:
         versions = self._versions(subject, deleted)
         if version in ("latest", "-1"):
             return versions[-1]
-        try:
-            number = int(version)
-        except ValueError:
-            raise RegistryError(
-                422, 42202, f"The specified version '{version}' is not a valid version id."
-            ) from None
-        if number < 1:
-            raise RegistryError(
-                422, 42202, f"The specified version '{version}' is not a valid version id."
-            )
+        number = self.version_number(version)
         for v in versions:
             if v.version == number:
                 return v
         raise RegistryError(404, 40402, f"Version {number} not found.")
+
+    @staticmethod
+    def version_number(version: str) -> int:
+        """A version id given as text (not ``latest``): 42202 unless a number from 1."""
+        try:
+            number = int(version)
+        except ValueError:
+            number = 0
+        if number < 1:
+            raise RegistryError(
+                422, 42202, f"The specified version '{version}' is not a valid version id."
+            )
+        return number
 
     def schema(self, schema_id: int) -> _Schema:
         found = self.schemas.get(schema_id)
@@ -244,6 +279,15 @@ class Registry:
             if not v.deleted and v.schema.identity == identity:
                 return v.schema
         self._check(kind, text, refs)
+        live = [v for v in versions if not v.deleted]
+        messages = self.incompatibilities(kind, text, refs, live, self.level_of(subject))
+        if messages:
+            raise RegistryError(
+                409,
+                409,
+                "Schema being registered is incompatible with an earlier schema for subject "
+                f'"{subject}", details: [{", ".join(messages)}]',
+            )
         schema = next((s for s in self.schemas.values() if s.identity == identity), None)
         if schema is None:
             schema = _Schema(max(self.schemas, default=0) + 1, kind, text, refs, identity)
@@ -251,6 +295,113 @@ class Registry:
         number = max((v.version for v in versions), default=0) + 1
         versions.append(_Version(number, schema))
         return schema
+
+    # -- compatibility
+
+    def level_of(self, subject: str) -> str:
+        """The level a subject's registrations are held to: its own, else the global one."""
+        return self.levels.get(subject, self.level)
+
+    def incompatibilities(
+        self,
+        kind: str,
+        text: str,
+        refs: list[dict[str, Any]],
+        against: Sequence[_Version],
+        level: str,
+    ) -> list[str]:
+        """Why the schema breaks ``level`` against the versions ``against`` (oldest
+        first), in Confluent's words; empty when it does not.
+
+        A transitive level compares with every one of ``against``, latest first, the
+        others with the latest only; the first version it breaks with is reported
+        (its findings, then its version, its text and the level, as Confluent does).
+        """
+        if level == "NONE" or not against:
+            return []
+        candidates = against if level.endswith("_TRANSITIVE") else against[-1:]
+        for old in reversed(candidates):
+            found = self._compare(kind, text, refs, old.schema, level.removesuffix("_TRANSITIVE"))
+            if found:
+                return [
+                    *found,
+                    f"{{oldSchemaVersion: {old.version}}}",
+                    f"{{oldSchema: '{old.schema.text}'}}",
+                    f"{{validateFields: 'false', compatibility: '{level}'}}",
+                ]
+        return []
+
+    def _compare(
+        self, kind: str, text: str, refs: list[dict[str, Any]], old: _Schema, level: str
+    ) -> list[str]:
+        """``level`` (BACKWARD, FORWARD or FULL) between a new schema and an old one."""
+        if kind != old.type:
+            return ["Incompatible because of different schema type"]
+        found: list[str] = []
+        if kind == "AVRO":
+            new, previous = self._avro(text, refs), self._avro(old.text, old.references)
+            if level in ("FORWARD", "FULL"):  # the old schema reads the new one's data
+                found += [i.message("old", "new") for i in avro_incompatibilities(previous, new)]
+            if level in ("BACKWARD", "FULL"):  # the new schema reads the old one's data
+                found += [i.message("new", "old") for i in avro_incompatibilities(new, previous)]
+        elif kind == "JSON":  # two of Confluent's rules (_json_compat)
+            now, then = json.loads(text), json.loads(old.text)
+            if level in ("FORWARD", "FULL"):
+                found += [i.message("old", "new") for i in json_incompatibilities(then, now)]
+            if level in ("BACKWARD", "FULL"):
+                found += [i.message("new", "old") for i in json_incompatibilities(now, then)]
+        else:  # Protobuf: three rules (_protobuf_compat), on serialized descriptors only
+            new_file, old_file = parse_protobuf(text), parse_protobuf(old.text)
+            if new_file is None or old_file is None:
+                return []
+            if level in ("FORWARD", "FULL"):
+                found += [
+                    i.message("old", "new") for i in protobuf_incompatibilities(old_file, new_file)
+                ]
+            if level in ("BACKWARD", "FULL"):
+                found += [
+                    i.message("new", "old") for i in protobuf_incompatibilities(new_file, old_file)
+                ]
+        return found
+
+    def _avro(self, text: str, refs: list[dict[str, Any]]) -> AvroSchema:
+        """An Avro schema in normal form, with the named types of its references."""
+        names: dict[str, dict[str, Any]] = {}
+        loaded: set[tuple[str, int]] = set()
+
+        def load(references: list[dict[str, Any]]) -> None:
+            for ref in references:
+                key = (ref["subject"], ref["version"])
+                if key not in loaded:
+                    loaded.add(key)
+                    found = self.version(ref["subject"], str(ref["version"]), deleted=True)
+                    load(found.schema.references)
+                    names.update(parse_avro(json.loads(found.schema.text), names).names)
+
+        try:
+            load(refs)
+            return parse_avro(json.loads(text), names)
+        except AvroSchemaError as exc:
+            raise RegistryError(422, 42201, f"Invalid schema: {exc}") from None
+
+    def test_compatibility(self, subject: str, version: str | None, body: Any) -> list[str]:
+        """``POST /compatibility/subjects/{s}/versions[/{v}]``: what the schema breaks,
+        against version ``version`` (``latest`` or a number) or, with None, the
+        versions the subject's level compares with."""
+        kind, text, refs = self._parse(body)
+        self._identity(kind, text, refs)  # 422 when it is not JSON
+        self._check(kind, text, refs)
+        live = [v for v in self.subjects.get(subject, ()) if not v.deleted]
+        against = live
+        if version is not None:
+            if version in ("latest", "-1"):
+                against = live[-1:]
+            else:
+                wanted = self.version_number(version)
+                against = [v for v in live if v.version == wanted]
+                if not against:
+                    raise RegistryError(404, 40402, f"Version {wanted} not found.")
+        return self.incompatibilities(kind, text, refs, against, self.level_of(subject))
 
     def lookup(self, subject: str, body: Any, deleted: bool = False) -> _Version:
         kind, text, refs = self._parse(body)
@@ -452,6 +603,22 @@ def make_app(
     async def register(request: web.Request) -> web.Response:
         schema = reg.register(request.match_info["subject"], await _body(request))
         return _reply({"id": schema.id})
+
+    async def _compatibility(request: web.Request, version: str | None) -> web.Response:
+        subject = request.match_info["subject"]
+        messages = reg.test_compatibility(subject, version, await _body(request))
+        answer: dict[str, Any] = {"is_compatible": not messages}
+        if _flag(request, "verbose"):
+            answer["messages"] = messages
+        return _reply(answer)
+
+    @routes.post("/compatibility/subjects/{subject}/versions/{version}")
+    async def compatibility_with_version(request: web.Request) -> web.Response:
+        return await _compatibility(request, request.match_info["version"])
+
+    @routes.post("/compatibility/subjects/{subject}/versions")
+    async def compatibility_with_versions(request: web.Request) -> web.Response:
+        return await _compatibility(request, None)
 
     @routes.post("/subjects/{subject}")
     async def lookup(request: web.Request) -> web.Response:
