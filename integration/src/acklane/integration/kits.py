@@ -679,8 +679,9 @@ class ServiceBusBrokerKit(BrokerKit):
         # The emulator checks SAS tokens as Azure does: a key it does not hold is refused.
         secret = "NotTheKey123"
         connection = _with_part(self.emulator.connection_string, "SharedAccessKey=", secret)
+        quick = {"retry_backoff_factor": 0.1, "retry_backoff_max": 0.5}  # as unreachable()
         return Unusable(
-            self.fields(source, connection_string=connection),
+            self.fields(source, connection_string=connection, client_options=quick),
             "Service Bus authentication failed",
             secret,
         )
