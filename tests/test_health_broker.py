@@ -284,8 +284,9 @@ async def test_readyz_names_a_kafka_stream_whose_brokers_do_not_answer(
 @pytest.fixture
 def no_retry_pauses(monkeypatch: pytest.MonkeyPatch) -> None:
     """botocore's retries of the closed endpoint without their pauses: each call is still
-    tried five times before the stream is told unreachable, but the random exponential
-    backoff between the tries (up to 1 + 2 + 4 + 8 s a call) is not waited for."""
+    tried as often as the client's retry settings say before the stream is told
+    unreachable, but the random exponential backoff between the tries (up to
+    1 + 2 + 4 + 8 + 16 s a call) is not waited for."""
     from botocore.retries.standard import ExponentialBackoff
 
     monkeypatch.setattr(ExponentialBackoff, "delay_amount", lambda self, context: 0.0)

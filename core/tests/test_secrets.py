@@ -138,10 +138,10 @@ def _planted(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture
 def _no_retry_pauses(monkeypatch: pytest.MonkeyPatch) -> None:
     """botocore's retries of the refused SQS endpoint without their pauses: every
-    attempt is still made and logged (five of each call, in the standard and the legacy
-    retry modes alike), but the exponential backoff between them (up to 1 + 2 + 4 + 8 s
-    a call, at random) is not waited for. For the commands run in this process; what
-    they print is the same."""
+    attempt the client's retry settings ask for is still made and logged (in the
+    standard and the legacy retry modes alike), but the random exponential backoff
+    between them (up to 1 + 2 + 4 + 8 + 16 s a call) is not waited for. For the
+    commands run in this process; what they print is the same."""
     try:
         from botocore import retryhandler
         from botocore.retries.standard import ExponentialBackoff
