@@ -135,6 +135,22 @@ def _planted(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COLUMNS", "80")
 
 
+@pytest.fixture
+def _no_retry_pauses(monkeypatch: pytest.MonkeyPatch) -> None:
+    """botocore's retries of the refused SQS endpoint without their pauses: every
+    attempt the client's retry settings ask for is still made and logged (in the
+    standard and the legacy retry modes alike), but the random exponential backoff
+    between them (up to 1 + 2 + 4 + 8 + 16 s a call) is not waited for. For the
+    commands run in this process; what they print is the same."""
+    try:
+        from botocore import retryhandler
+        from botocore.retries.standard import ExponentialBackoff
+    except ImportError:  # pragma: no cover - the SQS connector is not installed
+        return
+    monkeypatch.setattr(ExponentialBackoff, "delay_amount", lambda self, context: 0.0)
+    monkeypatch.setattr(retryhandler, "delay_exponential", lambda *args, **kwargs: 0.0)
+
+
 def _leaks(text: str) -> list[str]:
     return [line for line in text.splitlines() if MARKER in line]
 
@@ -438,6 +454,7 @@ NEWER_COMMANDS = [
 ]
 
 
+@pytest.mark.usefixtures("_no_retry_pauses")
 @pytest.mark.parametrize(("level", "log_format"), [("DEBUG", "text"), ("DEBUG", "json")])
 def test_the_newer_commands_print_no_secret(tmp_path: Path, level: str, log_format: str) -> None:
     configs = _configs(tmp_path)
@@ -494,6 +511,7 @@ DLQ_COMMANDS = [
 ]
 
 
+@pytest.mark.usefixtures("_no_retry_pauses")
 def test_the_dlq_commands_print_no_secret(tmp_path: Path) -> None:
     configs = _configs(tmp_path)
     said: list[str] = []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -17,7 +18,7 @@ from acklane.core.connectors import load_connector
 from acklane.core.producer import AdvanceItem
 from acklane.integration.emulator import Emulator
 from acklane.integration.servicebus import ServiceBusEmulator, ServiceBusKit
-from acklane.integration.testing import CLEAN, FAILED, UNCLAIMED, rejected
+from acklane.integration.testing import CLEAN, FAILED, UNCLAIMED, eventually, rejected
 
 
 @pytest.fixture
@@ -78,7 +79,16 @@ async def test_failed_abandoned_redelivered_with_count_plus_one_lock_renewed_mea
     try:
         [(record, delivery)] = await take(stream, 1)
         assert record.delivery_count == 0
-        await asyncio.sleep(4.5)  # past the 2 s lock: renewal keeps it
+        # past the 2 s lock it came with (by a second), renewed twice: only the renewals
+        # keep it
+        first_lock = delivery.message.locked_until_utc
+        assert first_lock is not None
+
+        def kept_past_its_lock() -> bool:
+            past = (datetime.now(UTC) - first_lock).total_seconds() > 1.0
+            return past and producer.renewed >= 2
+
+        await eventually(kept_past_its_lock, "renewed twice, past the first lock", within=30)
         assert producer.renewed >= 2
         assert producer.lock_lost == 0
         await producer.advance([AdvanceItem(delivery, FAILED)])
