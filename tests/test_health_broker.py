@@ -281,18 +281,6 @@ async def test_readyz_names_a_kafka_stream_whose_brokers_do_not_answer(
     assert status == 200  # not ready is not dead: the process waits for the cluster
 
 
-@pytest.fixture
-def no_retry_pauses(monkeypatch: pytest.MonkeyPatch) -> None:
-    """botocore's retries of the closed endpoint without their pauses: each call is still
-    tried as often as the client's retry settings say before the stream is told
-    unreachable, but the random exponential backoff between the tries (up to
-    1 + 2 + 4 + 8 + 16 s a call) is not waited for."""
-    from botocore.retries.standard import ExponentialBackoff
-
-    monkeypatch.setattr(ExponentialBackoff, "delay_amount", lambda self, context: 0.0)
-
-
-@pytest.mark.usefixtures("no_retry_pauses")
 async def test_readyz_names_an_sqs_stream_whose_endpoint_does_not_answer(
     run_stream: Callable[[str], _Running],
 ) -> None:
