@@ -590,6 +590,12 @@ class PubSubBrokerKit(BrokerKit):
 # -- Service Bus ---------------------------------------------------------------------------
 
 
+#: The Service Bus SDK's own retries of each open, still made, with short pauses
+#: between them (0.8 s doubling by default): an unusable namespace is told in about a
+#: second rather than ten.
+_QUICK_RETRIES: dict[str, float] = {"retry_backoff_factor": 0.1, "retry_backoff_max": 0.5}
+
+
 class ServiceBusBrokerKit(BrokerKit):
     """acklane's Service Bus emulator: a queue per source (session-enabled when ordered),
     whose own dead-letter sub-queue receives the rejects."""
@@ -666,12 +672,8 @@ class ServiceBusBrokerKit(BrokerKit):
         connection = _with_part(
             self.emulator.connection_string, "Endpoint=", f"sb://127.0.0.1:{free_port()}"
         )
-        # the SDK's own retries of each open still made, with short pauses between them
-        # (0.8 s doubling by default): the namespace is told unreachable in about a
-        # second rather than ten
-        quick = {"retry_backoff_factor": 0.1, "retry_backoff_max": 0.5}
         return Unusable(
-            self.fields(source, connection_string=connection, client_options=quick),
+            self.fields(source, connection_string=connection, client_options=_QUICK_RETRIES),
             "Service Bus namespace unreachable",
         )
 
@@ -679,9 +681,8 @@ class ServiceBusBrokerKit(BrokerKit):
         # The emulator checks SAS tokens as Azure does: a key it does not hold is refused.
         secret = "NotTheKey123"
         connection = _with_part(self.emulator.connection_string, "SharedAccessKey=", secret)
-        quick = {"retry_backoff_factor": 0.1, "retry_backoff_max": 0.5}  # as unreachable()
         return Unusable(
-            self.fields(source, connection_string=connection, client_options=quick),
+            self.fields(source, connection_string=connection, client_options=_QUICK_RETRIES),
             "Service Bus authentication failed",
             secret,
         )

@@ -96,12 +96,17 @@ async def read_queue(
     """The queue's facts; waits while the endpoint does not answer.
 
     With ``probe`` (a client that does not retry), the wait is told as soon as one
-    call goes unanswered: the probe asks until the endpoint answers anything, then
-    ``client`` reads the facts, with its retries and its own errors."""
+    call goes unanswered: the probe asks until the endpoint answers. What it read is
+    kept; an answer that was an error is read again by ``client``, with its retries
+    and its own errors."""
     reader = _Reader(client, cfg, error)
+    attributes: dict[str, str] | None = None
     if probe is not None:
-        await reachability.until_answered(_Reader(probe, cfg, error).reach, ERRORS.unreachable)
-    attributes = await reachability.until_answered(reader.locate, ERRORS.unreachable)
+        probing = _Reader(probe, cfg, error)
+        attributes = await reachability.until_answered(probing.reach, ERRORS.unreachable)
+        reader.url = probing.url
+    if attributes is None:
+        attributes = await reachability.until_answered(reader.locate, ERRORS.unreachable)
     url = reader.url
     visibility = cfg.visibility_timeout
     if visibility is None:
@@ -147,14 +152,16 @@ class _Reader:
         self.url = cfg.queue_url or await self.queue_url(cfg.queue_name, cfg.account_id)
         return await self.attributes(self.url)
 
-    async def reach(self) -> None:
-        """Return once the endpoint answers, whatever it says; raise only while it
-        does not (what its answer means is :meth:`locate`'s to tell)."""
+    async def reach(self) -> dict[str, str] | None:
+        """:meth:`locate`'s attributes, or None when the endpoint answered with an
+        error (what it means is for a client with retries to tell); raises only while
+        the endpoint does not answer."""
         try:
-            await self.locate()
+            return await self.locate()
         except Exception as exc:
             if ERRORS.unreachable(exc):
                 raise
+            return None
 
     async def queue_url(self, name: str | None, account_id: str | None) -> str:
         kwargs: dict[str, Any] = {"QueueName": name}
