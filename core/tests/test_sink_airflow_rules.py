@@ -156,45 +156,47 @@ def test_the_extra_is_utf8_json() -> None:
 
 
 def test_2xx_is_delivered() -> None:
-    assert outcome_of(reply(200, "{}"), "e") is None
+    assert outcome_of(reply(200, "{}"), "e", retry_after_cap=300) is None
 
 
 @pytest.mark.parametrize("status", [400, 413, 422])
 def test_a_body_airflow_refuses_is_parked_with_the_status_and_the_detail(status: int) -> None:
     body = '{"detail":[{"type":"dict_type","loc":["body","extra"]}]}'
-    outcome = outcome_of(reply(status, body), "event ev_1")
+    outcome = outcome_of(reply(status, body), "event ev_1", retry_after_cap=300)
     assert isinstance(outcome, RefusedDelivery)
     assert f"{status} " in outcome.reason and "dict_type" in outcome.reason
 
 
 def test_a_permission_refusal_is_held_not_parked() -> None:
-    outcome = outcome_of(reply(403, '{"detail":"Forbidden"}'), "e")
+    outcome = outcome_of(reply(403, '{"detail":"Forbidden"}'), "e", retry_after_cap=300)
     assert type(outcome) is RetryableDelivery and "may not create asset events" in outcome.reason
 
 
 @pytest.mark.parametrize("status", [500, 502, 503, 504])
 def test_a_5xx_is_retryable_and_unsure(status: int) -> None:
-    outcome = outcome_of(reply(status, "oops", **{"Retry-After": "7"}), "e")
+    outcome = outcome_of(reply(status, "oops", **{"Retry-After": "7"}), "e", retry_after_cap=300)
     assert isinstance(outcome, UnsureDelivery) and outcome.retry_after == 7.0
 
 
 @pytest.mark.parametrize("status", [408, 429])
 def test_a_timeout_or_throttle_answer_is_retryable_with_its_retry_after(status: int) -> None:
-    outcome = outcome_of(reply(status, "", **{"Retry-After": "12"}), "e")
+    outcome = outcome_of(reply(status, "", **{"Retry-After": "12"}), "e", retry_after_cap=300)
     assert type(outcome) is RetryableDelivery and outcome.retry_after == 12.0
 
 
 def test_a_refusal_reason_has_no_credential_shapes() -> None:
-    outcome = outcome_of(reply(422, '{"detail":"password=hunter2 rejected"}'), "e")
+    outcome = outcome_of(
+        reply(422, '{"detail":"password=hunter2 rejected"}'), "e", retry_after_cap=300
+    )
     assert outcome is not None and "hunter2" not in outcome.reason
 
 
 def test_retry_after_as_an_http_date() -> None:
     now = datetime(2026, 1, 1, tzinfo=UTC)
     header = format_datetime(now + timedelta(seconds=30), usegmt=True)
-    assert retry_after_of({"Retry-After": header}, now=now) == 30.0
-    assert retry_after_of({"Retry-After": "soon"}) is None
-    assert retry_after_of({}) is None
+    assert retry_after_of({"Retry-After": header}, cap=300, now=now) == 30.0
+    assert retry_after_of({"Retry-After": "soon"}, cap=300) is None
+    assert retry_after_of({}, cap=300) is None
 
 
 def test_detail_of_quotes_fastapis_detail_or_the_bodys_start() -> None:
@@ -214,6 +216,7 @@ def test_a_500_listing_asset_events_is_retried_with_airflows_known_cause() -> No
         token="t",
         verify_tls=True,
         timeout=5.0,
+        retry_after_cap=300,
         scrub=lambda text: text,
     )
     failed = Reply(500, "Internal Server Error", {})

@@ -471,7 +471,7 @@ async def test_retry_after_is_ignored_on_a_500(receiver: Receiver) -> None:
 )
 def test_retry_after_values(value: str | None, seconds: float | None) -> None:
     now = datetime(2037, 1, 1, tzinfo=UTC).timestamp()
-    assert parse_retry_after(value, now=now) == seconds
+    assert parse_retry_after(value, cap=300, now=now) == seconds
 
 
 async def test_a_400_is_refused_with_its_status_and_body_excerpt(receiver: Receiver) -> None:

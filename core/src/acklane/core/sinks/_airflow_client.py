@@ -10,13 +10,19 @@ Errors come out as the sink contract's outcomes: :class:`RetryableDelivery` (wit
 :class:`UnsureDelivery` when a request may have reached Airflow before it failed),
 :class:`CredentialsRefused` for a login or token Airflow does not take. Every reason
 passes through the client's ``scrub`` (the password and the token replaced by
-``***``, then :func:`acklane.core.observe.redact.redact`).
+``***``, then :func:`acklane.core.observe.redact.redact`); a token obtained at run
+time is registered there as a secret, so that an answer quoting it shows ``***``.
+
+Airflow's answers are untrusted input: redirects are not followed (a login sent on
+to another host would carry the password, an event would count as delivered where
+it never arrived), a body is read up to a limit (:data:`MAX_REPLY_BYTES` for a 2xx,
+:data:`ERROR_BYTES` of any other), and ``Retry-After`` is capped at the sink's
+``backoff_max``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import email.utils
 import json
 import logging
 from collections.abc import Callable, Mapping
@@ -26,7 +32,9 @@ from typing import Any, Final, Literal
 
 import aiohttp
 
+from ..observe.redact import redact_url, remember
 from ._base import RetryableDelivery
+from ._http import parse_retry_after, read_up_to
 
 __all__ = [
     "PAGE_SIZE",
@@ -36,6 +44,7 @@ __all__ = [
     "Reply",
     "UnsureDelivery",
     "detail_of",
+    "redirect_note",
     "retry_after_of",
 ]
 
@@ -50,6 +59,11 @@ EVENTS_PATH: Final = "api/v2/assets/events"
 PAGE_SIZE: Final = 100
 #: How much of a response body a reason quotes.
 EXCERPT: Final = 300
+#: The largest 2xx body read: a page of 100 asset events with large extras fits many
+#: times over; a larger answer is an error (retried), not a reason to fill memory.
+MAX_REPLY_BYTES: Final = 16 * 1024 * 1024
+#: How much of any other answer's body is read: its ``detail`` is all a reason needs.
+ERROR_BYTES: Final = 64 * 1024
 
 
 class UnsureDelivery(RetryableDelivery):
@@ -106,23 +120,24 @@ def detail_of(text: str, limit: int = EXCERPT) -> str:
     return gist if len(gist) <= limit else gist[:limit] + "..."
 
 
-def retry_after_of(headers: Mapping[str, str], *, now: datetime | None = None) -> float | None:
-    """Seconds of a ``Retry-After`` header (a number, or an HTTP date), if any."""
-    value = headers.get("Retry-After")
-    if value is None:
-        return None
-    value = value.strip()
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            when = email.utils.parsedate_to_datetime(value)
-        except (TypeError, ValueError):
-            return None
-        if when.tzinfo is None:
-            when = when.replace(tzinfo=UTC)
-        seconds = (when - (now or datetime.now(UTC))).total_seconds()
-    return max(seconds, 0.0) if seconds == seconds else None  # NaN: none
+def retry_after_of(
+    headers: Mapping[str, str], *, cap: float, now: datetime | None = None
+) -> float | None:
+    """Seconds of a ``Retry-After`` header (a number, or an HTTP date), if any, at most
+    ``cap`` (the sink's ``backoff_max``)."""
+    return parse_retry_after(
+        headers.get("Retry-After"), cap=cap, now=None if now is None else now.timestamp()
+    )
+
+
+def redirect_note(reply: Reply) -> str:
+    """For a 3xx: that it was not followed, and where it pointed (a password in the
+    ``Location`` masked); else nothing."""
+    if not 300 <= reply.status < 400:
+        return ""
+    location = reply.headers.get("Location")
+    where = f", it points to {redact_url(location)}" if location else ""
+    return f" (redirects are not followed: set url to the API server's final address{where})"
 
 
 class AirflowClient:
@@ -138,6 +153,7 @@ class AirflowClient:
         token: str | None,
         verify_tls: bool,
         timeout: float,
+        retry_after_cap: float,
         scrub: Callable[[str], str],
     ) -> None:
         self._base = url.rstrip("/") + "/"
@@ -146,6 +162,7 @@ class AirflowClient:
         self._static_token = token
         self._verify_tls = verify_tls
         self._timeout = timeout
+        self.retry_after_cap = retry_after_cap
         self.scrub = scrub
         self._session: aiohttp.ClientSession | None = None
         self._token: str | None = None
@@ -225,10 +242,14 @@ class AirflowClient:
         what = f"{method} {self._base}{path}"
         try:
             async with self._session.request(
-                method, self._base + path, params=params, data=body, headers=headers
+                method,
+                self._base + path,
+                params=params,
+                data=body,
+                headers=headers,
+                allow_redirects=False,
             ) as resp:
-                text = await resp.text(errors="replace")
-                return Reply(resp.status, text, resp.headers)
+                return await self._read(resp, what, sends=sends)
         except TimeoutError:
             reason = f"{what}: no answer within {self._timeout:g} s"
             raise (UnsureDelivery if sends else RetryableDelivery)(reason) from None
@@ -244,6 +265,24 @@ class AirflowClient:
         except aiohttp.ClientError as exc:
             reason = self.scrub(f"{what}: {type(exc).__name__}: {exc}")
             raise (UnsureDelivery if sends else RetryableDelivery)(reason) from None
+
+    async def _read(self, resp: aiohttp.ClientResponse, what: str, *, sends: bool) -> Reply:
+        """The reply, its body read up to its limit: a 2xx past :data:`MAX_REPLY_BYTES`
+        is an error (its content cannot be trusted whole), any other answer is cut at
+        :data:`ERROR_BYTES`."""
+        ok = 200 <= resp.status < 300
+        raw, more = await read_up_to(resp, MAX_REPLY_BYTES if ok else ERROR_BYTES)
+        if more and ok:
+            reason = (
+                f"{what}: {resp.status} with a body larger than "
+                f"{MAX_REPLY_BYTES // (1024 * 1024)} MiB; not read"
+            )
+            raise (UnsureDelivery if sends else RetryableDelivery)(self.scrub(reason))
+        try:
+            text = raw.decode(resp.charset or "utf-8", errors="replace")
+        except LookupError:  # a charset Python does not know
+            text = raw.decode("utf-8", errors="replace")
+        return Reply(resp.status, text, resp.headers)
 
     # -- tokens -----------------------------------------------------------------------------
 
@@ -282,6 +321,8 @@ class AirflowClient:
                 raise RetryableDelivery(
                     self.scrub(f"{what}: {reply.status} without an access_token")
                 )
+            # a secret from now on: an answer that quotes it is masked like the password
+            remember([token])
             return token
         if reply.status in (400, 401, 403, 422):
             raise CredentialsRefused(self._refused(reply, what))
@@ -293,8 +334,8 @@ class AirflowClient:
                 )
             )
         raise RetryableDelivery(
-            self.scrub(f"{what}: {reply.status} {detail_of(reply.text)}"),
-            retry_after=retry_after_of(reply.headers),
+            self.scrub(f"{what}: {reply.status} {detail_of(reply.text)}{redirect_note(reply)}"),
+            retry_after=retry_after_of(reply.headers, cap=self.retry_after_cap),
         )
 
     def _refused(self, reply: Reply, what: str) -> str:
@@ -402,9 +443,10 @@ class AirflowClient:
                 " (Airflow 3.3 answers 500 here while a DAG run created by one of the"
                 " asset's events has not started yet: apache/airflow#71360; retried)"
             )
+        hint += redirect_note(reply)
         raise RetryableDelivery(
             self.scrub(f"{what}: {reply.status} {detail_of(reply.text)}{hint}"),
-            retry_after=retry_after_of(reply.headers),
+            retry_after=retry_after_of(reply.headers, cap=self.retry_after_cap),
         )
 
 

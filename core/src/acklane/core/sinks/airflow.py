@@ -35,6 +35,7 @@ from ._airflow_client import (
     Reply,
     UnsureDelivery,
     detail_of,
+    redirect_note,
     retry_after_of,
 )
 from ._base import (
@@ -170,7 +171,7 @@ def post_body(asset_id: int, extra: bytes) -> bytes:
 
 
 def outcome_of(
-    reply: Reply, what: str, scrub: Callable[[str], str] = redact
+    reply: Reply, what: str, scrub: Callable[[str], str] = redact, *, retry_after_cap: float
 ) -> DeliveryError | None:
     """What a reply to ``POST /api/v2/assets/events`` means (401 and the 403 of an
     invalid token were handled by the client, 404 by the sink).
@@ -178,8 +179,10 @@ def outcome_of(
     2xx: delivered. 400, 413, 422: refused, about this event's body, with the status
     and the first bytes of the body. 408, 429, 5xx: retryable, ``Retry-After``
     honoured (5xx as :class:`UnsureDelivery`: it may come after Airflow's commit).
-    403 (permission) and any other status: retryable, since a permission or a setting
-    the operator fixes should not need every event retried by hand.
+    403 (permission), 3xx (a redirect, not followed: the event did not arrive) and any
+    other status: retryable, since a permission or a setting the operator fixes should
+    not need every event retried by hand. ``Retry-After`` is capped at
+    ``retry_after_cap`` (the sink's ``backoff_max``).
     """
     status = reply.status
     if 200 <= status < 300:
@@ -192,7 +195,9 @@ def outcome_of(
             f"{what}: 403 {detail}: the Airflow user may not create asset events "
             f"(needs the asset's POST permission)"
         )
-    retry_after = retry_after_of(reply.headers)
+    if 300 <= status < 400:
+        return RetryableDelivery(f"{what}: {status} {detail}{scrub(redirect_note(reply))}")
+    retry_after = retry_after_of(reply.headers, cap=retry_after_cap)
     if status >= 500:
         # from a proxy, or from Airflow after its commit: the event may be there
         return UnsureDelivery(f"{what}: {status} {detail}", retry_after=retry_after)
@@ -286,6 +291,7 @@ class AirflowSink(Sink):
             token=settings.token.get_secret_value() if settings.token else None,
             verify_tls=settings.verify_tls,
             timeout=settings.timeout,
+            retry_after_cap=settings.backoff_max,
             scrub=self._scrub,
         )
         await client.open()
@@ -378,7 +384,7 @@ class AirflowSink(Sink):
             reply = await client.post_event(post_body(fresh, extra))
             if reply.status == 404:
                 raise self._not_found(ref)
-        outcome = outcome_of(reply, what, self._scrub)
+        outcome = outcome_of(reply, what, self._scrub, retry_after_cap=self.config.backoff_max)
         if outcome is not None:
             raise outcome
 

@@ -9,9 +9,10 @@ and, with ``secret``, an ``Acklane-Signature`` in Stripe's scheme:
 :func:`verify_signature` checks on the receiving side.
 
 A 2xx answer is a delivery. Connection errors, timeouts, 408, 429 and 5xx are worth
-another attempt (``Retry-After`` of a 429 or 503 is passed on); any other answer
-(another 4xx, a 3xx: redirects are not followed) parks the event with the status
-and the start of the answer's body. See docs/sinks/webhook.md.
+another attempt (``Retry-After`` of a 429 or 503 is passed on, at most
+``backoff_max``); any other answer (another 4xx, a 3xx: redirects are not followed)
+parks the event with the status and the start of the answer's body, of which no more
+than that start is read. See docs/sinks/webhook.md.
 
 The secret and the values of secret-looking headers (``Authorization``, ``Cookie``,
 ``X-Api-Key``...) are :class:`~pydantic.SecretStr` in the settings, so the
@@ -24,7 +25,6 @@ from __future__ import annotations
 
 import codecs
 import contextlib
-import email.utils
 import hashlib
 import hmac
 import json
@@ -32,7 +32,6 @@ import math
 import re
 import time
 from collections.abc import Mapping, Sequence
-from datetime import UTC
 from importlib.metadata import PackageNotFoundError, version
 from typing import Annotated, Any, Final, Literal, Self
 
@@ -54,6 +53,7 @@ from ._base import (
     SinkContext,
     SinkError,
 )
+from ._http import parse_retry_after, read_up_to
 from ._settings import SinkSettings
 
 __all__ = [
@@ -81,6 +81,12 @@ DEFAULT_TOLERANCE: Final = 300.0
 MIN_SECRET_LENGTH: Final = 16
 #: How much of a refusing answer's body goes into the reason.
 EXCERPT_BYTES: Final = 200
+#: How much of a delivered answer's body is read (and discarded) so that its
+#: connection can be reused; past it the connection is closed instead.
+DRAIN_BYTES: Final = 64 * 1024
+#: The longest ``t=`` of a signature: unix seconds have 10 digits until the year 2286;
+#: a longer one is no timestamp, and not worth turning into a number.
+_TIMESTAMP: Final = re.compile(r"[0-9]{1,12}")
 
 try:
     _VERSION = version("acklane-core")
@@ -108,8 +114,6 @@ _SECRET_HEADER_WORDS: Final = re.compile(
 # RFC 9110 field names (tokens) and values (no control characters but tab).
 _TOKEN: Final = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 _BAD_VALUE: Final = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
-# Retry-After as delta-seconds (a fraction accepted, too).
-_SECONDS: Final = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*$")
 # What an excerpt of a body may not hold: control characters, runs of whitespace.
 _UNPRINTABLE: Final = re.compile(r"[\x00-\x1f\x7f-\x9f\s]+")
 # One encoder for every request: json.dumps with options builds a new one per call.
@@ -271,7 +275,8 @@ def verify_signature(
         elif key == "v1":
             signatures.append(value)
         # other schemes (v0, v2...) are for other receivers: ignored
-    if len(timestamps) != 1 or not timestamps[0].isdigit():
+    # ASCII digits only: str.isdigit() also takes "٣" and "²", which int() reads or rejects
+    if len(timestamps) != 1 or not _TIMESTAMP.fullmatch(timestamps[0]):
         raise SignatureError(_malformed("expected one t=<unix seconds>"))
     if not signatures:
         raise SignatureError(_malformed("no v1=<hex> signature"))
@@ -308,25 +313,6 @@ def batch_idempotency_key(event_ids: Sequence[str]) -> str:
     ids in order; the same for the same batch on every attempt."""
     digest = hashlib.sha256("\x1f".join(event_ids).encode("utf-8", "surrogatepass"))
     return "batch_" + digest.hexdigest()[:32]
-
-
-def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:
-    """Seconds to wait from a ``Retry-After`` value: delta-seconds (``120``) or an HTTP
-    date (``Wed, 21 Oct 2026 07:28:00 GMT``, 0 when it has passed); None when absent or
-    unreadable."""
-    if value is None:
-        return None
-    match = _SECONDS.match(value)
-    if match is not None:
-        return float(match.group(1))
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
-        return None
-    if when.tzinfo is None:  # HTTP dates are GMT
-        when = when.replace(tzinfo=UTC)
-    current = time.time() if now is None else now
-    return max(0.0, when.timestamp() - current)
 
 
 def _document(delivery: Delivery) -> dict[str, Any]:
@@ -519,9 +505,8 @@ class WebhookSink(Sink):
         status = response.status
         raw, truncated = b"", False
         with contextlib.suppress(aiohttp.ClientError, TimeoutError):
-            raw = await _read_up_to(response, EXCERPT_BYTES + 1)
-            truncated = len(raw) > EXCERPT_BYTES
-        excerpt = _excerpt(raw[:EXCERPT_BYTES], response.charset, truncated=truncated)
+            raw, truncated = await read_up_to(response, EXCERPT_BYTES)
+        excerpt = _excerpt(raw, response.charset, truncated=truncated)
         reason = f"HTTP {status}" + (f" {response.reason}" if response.reason else "")
         if 300 <= status < 400:
             location = response.headers.get("Location")
@@ -533,7 +518,9 @@ class WebhookSink(Sink):
         if status in (408, 429) or 500 <= status <= 599:
             retry_after = None
             if status in (429, 503):
-                retry_after = parse_retry_after(response.headers.get("Retry-After"))
+                retry_after = parse_retry_after(
+                    response.headers.get("Retry-After"), cap=self._config.backoff_max
+                )
             return RetryableDelivery(reason, retry_after=retry_after)
         return RefusedDelivery(reason)
 
@@ -579,21 +566,10 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-async def _read_up_to(response: aiohttp.ClientResponse, size: int) -> bytes:
-    chunks: list[bytes] = []
-    left = size
-    while left > 0:
-        chunk = await response.content.read(left)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        left -= len(chunk)
-    return b"".join(chunks)
-
-
 async def _drain(response: aiohttp.ClientResponse) -> None:
     """Read a delivered answer's body to its end, discarding it, so that the connection
-    goes back to the pool; an error past the status changes nothing (it was delivered)."""
+    goes back to the pool; at most :data:`DRAIN_BYTES` of it, since a body that never
+    ends would hold the sink until its timeout (the connection is then closed instead).
+    An error past the status changes nothing: it was delivered."""
     with contextlib.suppress(aiohttp.ClientError, TimeoutError):
-        async for _ in response.content.iter_any():
-            pass
+        await read_up_to(response, DRAIN_BYTES)
