@@ -13,6 +13,7 @@ the "other host" a redirect points to and records whether anything reached it.
 from __future__ import annotations
 
 import importlib.util
+import re
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -377,6 +378,29 @@ def test_a_malformed_timestamp_is_a_signature_error(t: str) -> None:
     v1 = sign(body, SECRET).rpartition("v1=")[2]
     with pytest.raises(SignatureError, match="malformed"):
         verify_signature(body, f"t={t},v1={v1}", SECRET)
+
+
+def _documented_check() -> Callable[..., Any]:
+    """docs/sinks/webhook.md's standard-library check, as a reader would copy it."""
+    doc = Path(__file__).parents[2] / "docs" / "sinks" / "webhook.md"
+    blocks = re.findall(r"```python\n(.*?)```", doc.read_text(encoding="utf-8"), re.DOTALL)
+    (source,) = [b for b in blocks if "def signed_by_acklane(" in b]
+    namespace: dict[str, Any] = {}
+    exec(compile(source, str(doc), "exec"), namespace)
+    check: Callable[..., Any] = namespace["signed_by_acklane"]
+    return check
+
+
+@pytest.mark.parametrize("t", MALFORMED_T)
+def test_the_documented_check_says_no_to_a_malformed_timestamp(t: str) -> None:
+    body = b"{}"
+    v1 = sign(body, SECRET).rpartition("v1=")[2]
+    assert _documented_check()(body, f"t={t},v1={v1}", SECRET) is False
+
+
+def test_the_documented_check_says_no_to_a_non_ascii_signature() -> None:
+    header = sign(b"{}", SECRET) + ",v1=\u00e9\u00e9"
+    assert _documented_check()(b"{} ", header, SECRET) is False
 
 
 def _example_receiver() -> web.Application:
