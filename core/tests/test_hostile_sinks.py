@@ -286,6 +286,43 @@ async def test_webhook_huge_error_body_is_read_only_in_part() -> None:
         assert receiver.sent < BOUNDED
 
 
+NOT_AIRFLOWS = [
+    "<html>maintenance</html>",
+    "[]",
+    '{"assets": 5, "asset_events": 5, "total_entries": 1}',
+    '{"assets": [1], "asset_events": [1], "total_entries": 1}',
+    '{"assets": [{"id": "x", "name": "orders"}], "asset_events": [], "total_entries": 1}',
+    '{"assets": [], "asset_events": [], "total_entries": "many"}',
+]
+
+
+@pytest.mark.parametrize("body", NOT_AIRFLOWS)
+async def test_airflow_asset_lookup_answer_of_another_shape_is_a_clear_retry(
+    airflow: Server, body: str
+) -> None:
+    async def odd(request: web.Request) -> web.StreamResponse:
+        return web.Response(status=200, text=body, content_type="application/json")
+
+    airflow.routes[("GET", "/api/v2/assets")] = odd
+    outcome = await deliver_airflow(airflow_sink(airflow.url))
+    assert isinstance(outcome, RetryableDelivery), outcome
+    assert "GET /api/v2/assets" in outcome.reason and "not Airflow's" in outcome.reason
+
+
+@pytest.mark.parametrize("body", [b for b in NOT_AIRFLOWS if '"id": "x"' not in b])
+async def test_airflow_events_lookup_answer_of_another_shape_is_a_clear_retry(
+    airflow: Server, body: str
+) -> None:
+    async def odd(request: web.Request) -> web.StreamResponse:
+        return web.Response(status=200, text=body, content_type="application/json")
+
+    airflow.routes[("GET", "/api/v2/assets/events")] = odd
+    sink = airflow_sink(airflow.url)
+    async with sink:
+        with pytest.raises(RetryableDelivery, match="not Airflow's"):
+            await sink.delivered_already([delivery(attempt=2)])
+
+
 # -- the token obtained at run time -----------------------------------------------------
 
 

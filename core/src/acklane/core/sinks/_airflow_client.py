@@ -358,9 +358,10 @@ class AirflowClient:
         reply = await self._send(
             "GET", VERSION_PATH, params=None, body=None, token=None, sends=False
         )
-        self.expect_ok(reply, f"GET /{VERSION_PATH}")
-        data = reply.json()
-        return str(data.get("version", "?")) if isinstance(data, dict) else "?"
+        what = f"GET /{VERSION_PATH}"
+        self.expect_ok(reply, what)
+        version = self._object(reply, what).get("version", "?")
+        return version if isinstance(version, str) else "?"
 
     async def find_asset(self, ref: AssetRef) -> int | None:
         """The id of the active asset ``ref`` names exactly; None when Airflow has none.
@@ -376,14 +377,19 @@ class AirflowClient:
                 ASSETS_PATH,
                 params={param: ref.value, "limit": PAGE_SIZE, "offset": offset, "order_by": "id"},
             )
-            self.expect_ok(reply, f"GET /{ASSETS_PATH} for {ref}")
-            data = reply.json()
-            assets = data.get("assets") or []
+            what = f"GET /{ASSETS_PATH} for {ref}"
+            self.expect_ok(reply, what)
+            assets, total = self._page(reply, what, "assets")
             for asset in assets:
                 if asset.get(ref.by) == ref.value:
-                    return int(asset["id"])
+                    asset_id = asset.get("id")
+                    if not isinstance(asset_id, int) or isinstance(asset_id, bool):
+                        raise self._not_airflows(
+                            reply, what, f"the asset's id is a {type(asset_id).__name__}"
+                        )
+                    return asset_id
             offset += len(assets)
-            if not assets or offset >= int(data.get("total_entries", 0)):
+            if not assets or offset >= total:
                 return None
 
     async def post_event(self, body: bytes) -> Reply:
@@ -412,16 +418,16 @@ class AirflowClient:
                     "offset": skip,
                 },
             )
-            self.expect_ok(reply, f"GET /{EVENTS_PATH} of asset id {asset_id}")
-            data = reply.json()
-            events = data.get("asset_events") or []
+            what = f"GET /{EVENTS_PATH} of asset id {asset_id}"
+            self.expect_ok(reply, what)
+            events, total = self._page(reply, what, "asset_events")
             for event in events:
                 extra = event.get("extra")
                 ours = extra.get("acklane") if isinstance(extra, dict) else None
                 event_id = ours.get("event_id") if isinstance(ours, dict) else None
                 if isinstance(event_id, str) and event_id in wanted:
                     found.add(event_id)
-            if not events or skip + len(events) >= int(data.get("total_entries", 0)):
+            if not events or skip + len(events) >= total:
                 break
             last = events[-1].get("timestamp")
             at_last = sum(1 for e in events if e.get("timestamp") == last)
@@ -430,6 +436,37 @@ class AirflowClient:
             else:
                 cursor, skip = last, at_last
         return found
+
+    def _object(self, reply: Reply, what: str) -> dict[str, Any]:
+        """A 2xx body as the JSON object Airflow sends, or a retryable error saying it
+        is not one (an HTML page of a proxy, a truncated answer)."""
+        try:
+            data = reply.json()
+        except ValueError:
+            raise self._not_airflows(reply, what, "not JSON") from None
+        if not isinstance(data, dict):
+            raise self._not_airflows(reply, what, f"JSON {type(data).__name__}, not an object")
+        return data
+
+    def _page(self, reply: Reply, what: str, key: str) -> tuple[list[dict[str, Any]], int]:
+        """A page of a listing: its rows under ``key`` (objects) and ``total_entries``;
+        a retryable error for any other shape."""
+        data = self._object(reply, what)
+        rows = data.get(key, [])
+        total = data.get("total_entries", 0)
+        if not isinstance(rows, list) or not all(isinstance(row, dict) for row in rows):
+            raise self._not_airflows(reply, what, f"{key} is not a list of objects")
+        if not isinstance(total, int) or isinstance(total, bool):
+            raise self._not_airflows(reply, what, f"total_entries is a {type(total).__name__}")
+        return rows, total
+
+    def _not_airflows(self, reply: Reply, what: str, problem: str) -> RetryableDelivery:
+        return RetryableDelivery(
+            self.scrub(
+                f"{what}: {reply.status} but the answer is not Airflow's ({problem}; is url "
+                f"the API server's base URL?): {detail_of(reply.text, 120)}"
+            )
+        )
 
     def expect_ok(self, reply: Reply, what: str) -> None:
         """Raise the retryable outcome of a failed read (any non-2xx)."""
