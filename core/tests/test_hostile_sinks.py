@@ -235,6 +235,18 @@ async def test_airflow_asset_lookup_redirected_elsewhere_is_not_followed(
     assert other_host.seen == []
 
 
+async def test_webhook_redirected_elsewhere_is_parked_and_not_followed(
+    other_host: Server,
+) -> None:
+    """The webhook sink refused redirects already: the rule the Airflow sink now shares."""
+    async with serve() as receiver:
+        receiver.routes[("POST", "/hook")] = redirect(other_host.url, 307)
+        async with webhook_sink(receiver.url + "/hook") as sink:
+            (result,) = await sink.deliver([delivery()])
+    assert isinstance(result, RefusedDelivery) and "not followed" in result.reason
+    assert other_host.seen == []
+
+
 # -- bodies -----------------------------------------------------------------------------
 
 

@@ -12,7 +12,6 @@ sink for millennia; 400 digits would not even make a finite number of seconds).
 from __future__ import annotations
 
 import email.utils
-import math
 import re
 import time
 from datetime import UTC
@@ -45,9 +44,7 @@ def parse_retry_after(value: str | None, *, cap: float, now: float | None = None
             when = when.replace(tzinfo=UTC)
         current = time.time() if now is None else now
         seconds = max(0.0, when.timestamp() - current)
-    if math.isnan(seconds):  # pragma: no cover - the pattern admits no NaN
-        return None
-    return min(seconds, cap)
+    return min(seconds, cap)  # neither form can be NaN
 
 
 async def read_up_to(response: aiohttp.ClientResponse, limit: int) -> tuple[bytes, bool]:
