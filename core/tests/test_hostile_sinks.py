@@ -400,6 +400,14 @@ async def test_airflow_absurd_retry_after_is_capped_at_backoff_max(
     assert _verdict_after(outcome, 60) <= timedelta(seconds=60)
 
 
+@pytest.mark.parametrize("asked", [float("inf"), 1e300, float("nan")])
+def test_a_function_sinks_absurd_retry_after_is_capped_at_backoff_max(asked: float) -> None:
+    """A function sink's ``RetryableDelivery(retry_after=...)`` is untrusted too: inf
+    made an OverflowError in every verdict, so the event was never parked."""
+    result = RetryableDelivery("busy", retry_after=asked)
+    assert _verdict_after(result, 60) <= timedelta(seconds=60)
+
+
 @pytest.mark.parametrize("value", ["\u0663", "1\u00b2", "\uff15"])
 async def test_retry_after_in_other_scripts_digits_is_ignored(value: str) -> None:
     from acklane.core.sinks.webhook import parse_retry_after

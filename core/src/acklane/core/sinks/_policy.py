@@ -8,6 +8,7 @@ than ``max_age``, in which case it is parked with its last error.
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -74,7 +75,11 @@ def judge(
         return Verdict("parked", attempts, f"gave up after {attempts} attempt(s): {reason}")
     delay = backoff_delay(attempts, settings.backoff_initial, settings.backoff_max, rng=rng)
     if isinstance(result, RetryableDelivery) and result.retry_after is not None:
-        delay = max(delay, result.retry_after)
+        # Whoever asked for the pause (a receiver's Retry-After, a function sink's
+        # retry_after=) is untrusted: at most backoff_max, and NaN asks for nothing.
+        asked = result.retry_after
+        if not math.isnan(asked):
+            delay = max(delay, min(asked, settings.backoff_max))
     retry_at = now + timedelta(seconds=delay)
     if settings.max_age is not None and retry_at - stored_at > timedelta(seconds=settings.max_age):
         return Verdict("parked", attempts, f"older than max_age ({settings.max_age:g}s): {reason}")
