@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import stat
 import sys
 from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
@@ -39,7 +40,7 @@ from ._models import (
     _Settings,
 )
 from ._result import AcklaneConfig, StoreConfig, StreamConfig, WatcherConfig
-from ._yaml import _Reader
+from ._yaml import MAX_BYTES, _Reader
 
 #: Connectors acklane ships as extras, for the install hint.
 _KNOWN_EXTRAS: Final = ("kafka", "sqs", "pubsub", "servicebus")
@@ -205,21 +206,37 @@ def _read(text: str, source: str, env: Mapping[str, str] | None) -> tuple[_Reade
 
 
 def _read_file(path: str | os.PathLike[str]) -> tuple[str, str]:
+    """The file's text, read only if it is a regular file of at most :data:`MAX_BYTES`.
+
+    A FIFO would block the reader until someone writes, ``/dev/zero`` never ends:
+    the file is opened without blocking and looked at before a byte is read.
+    """
     source = os.fspath(path)
+
+    def refused(message: str) -> ConfigError:
+        return ConfigError([ConfigProblem(source, None, "", message)])
+
     try:
-        return source, Path(source).read_text(encoding="utf-8")
+        fd = os.open(source, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except OSError as exc:
-        raise ConfigError(
-            [
-                ConfigProblem(
-                    source, None, "", f"cannot read the configuration: {exc.strerror or exc}"
+        raise refused(f"cannot read the configuration: {exc.strerror or exc}") from None
+    with os.fdopen(fd, "rb") as file:
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise refused(
+                    "the configuration is not a regular file (a directory, a FIFO or a "
+                    "device); give the path of a YAML file"
                 )
-            ]
-        ) from None
+            data = file.read(MAX_BYTES + 1)
+        except OSError as exc:
+            raise refused(f"cannot read the configuration: {exc.strerror or exc}") from None
+    if len(data) > MAX_BYTES:
+        raise refused(f"the configuration is larger than {MAX_BYTES} bytes (the limit)")
+    try:
+        return source, data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ConfigError(
-            [ConfigProblem(source, None, "", f"the configuration is not UTF-8 text: {exc}")]
-        ) from None
+        raise refused(f"the configuration is not UTF-8 text: {exc}") from None
 
 
 def load_config(

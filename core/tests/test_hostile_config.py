@@ -1,0 +1,123 @@
+"""A configuration file as hostile input: it can neither hang the loader, nor exhaust its
+memory, nor run code beside it unasked; every refusal is a ConfigError that names the file,
+the line where there is one, and the limit."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import tracemalloc
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from acklane.core.config import ConfigError, load_config, parse_config
+from acklane.core.config._yaml import MAX_BYTES, MAX_DEPTH, MAX_VALUES
+
+VALID = """\
+store:
+  url: sqlite:///events.db
+streams:
+  orders:
+    connector: memory
+    broker: hostile-test
+    topics: [orders]
+watchers:
+  - name: everything
+    stream: orders
+"""
+
+
+def bounded(call: Callable[[], Any], *, seconds: float = 5.0, megabytes: int = 64) -> Any:
+    """``call()``'s ConfigError, checked to come within ``seconds`` and ``megabytes``
+    (tracemalloc's peak) of Python allocations."""
+    tracemalloc.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(ConfigError) as info:
+            call()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert time.monotonic() - started < seconds
+    assert peak < megabytes * 1024 * 1024, f"peak {peak / 1e6:.0f} MB"
+    return info.value
+
+
+# -- the YAML: aliases, nesting, size ------------------------------------------------------
+
+
+def alias_bomb(levels: int = 9, width: int = 9) -> str:
+    """A few hundred bytes that stand for ``width ** levels`` strings."""
+    lines = ['a0: &a0 ["lol"]']
+    for n in range(1, levels + 1):
+        refs = ", ".join([f"*a{n - 1}"] * width)
+        lines.append(f"a{n}: &a{n} [{refs}]")
+    return "\n".join(lines) + "\n"
+
+
+def test_an_alias_bomb_is_refused_quickly_naming_the_limit(tmp_path: Path) -> None:
+    path = tmp_path / "bomb.yaml"
+    path.write_text(alias_bomb())
+    assert path.stat().st_size < 600
+    error = bounded(lambda: load_config(path, env={}))
+    [problem] = error.problems
+    assert problem.source == str(path)
+    assert problem.line is not None
+    assert f"more than {MAX_VALUES} values" in problem.message
+
+
+def test_deep_nesting_is_a_problem_at_its_line_not_a_recursion_error(tmp_path: Path) -> None:
+    path = tmp_path / "deep.yaml"
+    path.write_text("a:\n  " + "[" * 500 + "]" * 500 + "\n")
+    error = bounded(lambda: load_config(path, env={}))
+    [problem] = error.problems
+    assert (problem.source, problem.line) == (str(path), 2)
+    assert f"more than {MAX_DEPTH} levels" in problem.message
+
+
+def test_aliases_cannot_nest_deeper_than_the_limit() -> None:
+    half = MAX_DEPTH // 2 + 5
+    text = f"a: &a {'[' * half}1{']' * half}\nb: {'[' * half}*a{']' * half}\n"
+    error = bounded(lambda: parse_config(text, source="deep.yaml"))
+    assert f"more than {MAX_DEPTH} levels" in str(error)
+
+
+def test_a_file_larger_than_the_limit_is_refused_unread(tmp_path: Path) -> None:
+    path = tmp_path / "big.yaml"
+    path.write_text(VALID + "#" * MAX_BYTES + "\n")
+    error = bounded(lambda: load_config(path, env={}))
+    assert str(error).endswith(
+        f"{path}: the configuration is larger than {MAX_BYTES} bytes (the limit)"
+    )
+
+
+def test_a_device_is_refused_without_reading_it() -> None:
+    error = bounded(lambda: load_config("/dev/zero", env={}))
+    assert "/dev/zero: the configuration is not a regular file" in str(error)
+
+
+def test_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path: Path) -> None:
+    fifo = tmp_path / "pipeline.yaml"
+    os.mkfifo(fifo)
+    outcome: list[BaseException] = []
+
+    def load() -> None:
+        try:
+            load_config(fifo, env={})
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=load, daemon=True)
+    thread.start()
+    thread.join(5)
+    if thread.is_alive():  # unblock the reader so the test process can end
+        with open(fifo, "w"):
+            pass
+        pytest.fail("load_config blocked on a FIFO")
+    [error] = outcome
+    assert isinstance(error, ConfigError)
+    assert "not a regular file" in str(error)
