@@ -5,6 +5,8 @@ the line where there is one, and the limit."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 import time
 import tracemalloc
@@ -121,3 +123,71 @@ def test_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path: Path) -> None:
     [error] = outcome
     assert isinstance(error, ConfigError)
     assert "not a regular file" in str(error)
+
+
+# -- the user's modules: beside the configuration, never in front of the installed ones ----
+
+
+def marker_module(folder: Path, name: str) -> Path:
+    """``name.py`` in ``folder``: importing it writes a marker file (returned) and
+    defines a filter ``pick``."""
+    marker = folder / f"{name}.imported"
+    (folder / f"{name}.py").write_text(
+        f"from pathlib import Path\nPath({str(marker)!r}).write_text('ran')\n"
+        "def pick(message):\n    return True\n"
+    )
+    return marker
+
+
+def acklane_validate(path: Path) -> subprocess.CompletedProcess[str]:
+    """``acklane validate`` in a fresh process, from the configuration's folder."""
+    script = Path(sys.executable).with_name("acklane")
+    return subprocess.run(
+        [str(script), "validate", str(path)],
+        cwd=path.parent,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize("valid", [True, False], ids=["valid", "invalid"])
+def test_a_module_beside_the_config_does_not_replace_the_standard_library(
+    tmp_path: Path, valid: bool
+) -> None:
+    markers = [marker_module(tmp_path, name) for name in ("colorsys", "json", "typing")]
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(VALID if valid else VALID + "unknown_key: 1\n")
+    result = acklane_validate(path)
+    assert result.returncode == (0 if valid else 2), result.stderr
+    assert [m.name for m in markers if m.exists()] == []
+
+
+def test_a_filter_module_named_like_a_stdlib_module_is_refused_clearly(tmp_path: Path) -> None:
+    marker = marker_module(tmp_path, "colorsys")
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(VALID + "    filter:\n      function: colorsys:pick\n")
+    error = str(bounded(lambda: load_config(path, env={})))
+    assert f"{tmp_path / 'colorsys.py'} has the name of the standard library's module" in error
+    assert "rename your module" in error
+    assert not marker.exists()
+
+
+def test_an_invalid_file_imports_none_of_its_modules(tmp_path: Path) -> None:
+    marker = marker_module(tmp_path, "hostile_filters_invalid")
+    path = tmp_path / "pipeline.yaml"
+    text = VALID + "    filter:\n      function: hostile_filters_invalid:pick\n"
+    path.write_text(text.replace("topics: [orders]", "topics: 7"))
+    error = str(bounded(lambda: load_config(path, env={})))
+    assert "streams.orders.topics" in error
+    assert "hostile_filters_invalid" not in error  # neither imported nor complained about
+    assert not marker.exists()
+
+
+def test_a_valid_file_imports_its_filter_from_beside_it(tmp_path: Path) -> None:
+    marker = marker_module(tmp_path, "hostile_filters_valid")
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(VALID + "    filter:\n      function: hostile_filters_valid:pick\n")
+    assert load_config(path, env={}).watchers[0].name == "everything"
+    assert marker.exists()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 import os
 import stat
-import sys
+import warnings
 from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, NamedTuple, NoReturn
@@ -26,6 +26,7 @@ from ..pipeline.filters import FilterSpec, FilterSpecError, compile_filter
 from ..sinks import KINDS, Sink, SinkContext, SinkSettings, UnknownSinkKind, sink_class
 from ..stores.settings import StateStoreSettings
 from ._errors import ConfigError, ConfigProblem, Loc
+from ._imports import HELD, add_import_roots, held_imports
 from ._messages import _describe, _field_names, _got, _model_at
 from ._models import (
     _NAME_RE,
@@ -248,23 +249,19 @@ def load_config(
     """Read and validate a YAML configuration file; raises :class:`ConfigError`.
 
     Function filters (``function: mypipeline.filters:big_orders``) are imported from
-    the configuration file's directory first, then the working directory.
-    ``offline_checks`` (``acklane validate``): see :func:`parse_config`.
+    the configuration file's directory, then the working directory, after the
+    standard library and the installed packages (see ``_imports``); only once the
+    rest of the file is valid. ``offline_checks`` (``acklane validate``): see
+    :func:`parse_config`.
     """
     source, text = _read_file(path)
-    add_import_roots(Path(source).resolve().parent, Path.cwd())
-    return parse_config(text, source=source, env=env, offline_checks=offline_checks)
-
-
-def add_import_roots(*directories: Path) -> None:
-    """Put the directories at the front of ``sys.path``, in order, once each.
-
-    A pipeline's filters (and function sinks) live beside its YAML; the ``acklane``
-    script's own ``sys.path`` holds neither that directory nor the working directory.
-    They stay on the path: a filter may import its own helpers later, while it runs.
-    """
-    wanted = [str(d) for d in directories]
-    sys.path[:] = wanted + [p for p in sys.path if p not in wanted]
+    return parse_config(
+        text,
+        source=source,
+        env=env,
+        offline_checks=offline_checks,
+        import_roots=(Path(source).resolve().parent, Path.cwd()),
+    )
 
 
 def load_store_config(
@@ -310,8 +307,39 @@ def parse_config(
     source: str = "<string>",
     env: Mapping[str, str] | None = None,
     offline_checks: bool = False,
+    import_roots: Sequence[Path] = (),
 ) -> AcklaneConfig:
     """Validate a configuration given as YAML text; ``source`` names it in errors.
+
+    The file is checked first with the user's modules held back (function filters and
+    sinks, Protobuf classes: trusted code that runs on import): a file with other
+    problems imports none of them. Only then are ``import_roots`` added to the import
+    path and the file checked again, importing; ``offline_checks``: see
+    :func:`_parse_config`.
+    """
+    with held_imports() as held:
+        try:
+            config = _parse_config(text, source=source, env=env, offline_checks=offline_checks)
+        except ConfigError as exc:
+            others = [p for p in exc.problems if HELD not in p.message]
+            if others or not held:
+                raise ConfigError(others or exc.problems) from None
+    if not held:
+        return config
+    add_import_roots(*import_roots)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # warned on the first pass
+        return _parse_config(text, source=source, env=env, offline_checks=offline_checks)
+
+
+def _parse_config(
+    text: str,
+    *,
+    source: str = "<string>",
+    env: Mapping[str, str] | None = None,
+    offline_checks: bool = False,
+) -> AcklaneConfig:
+    """:func:`parse_config`'s one pass.
 
     ``offline_checks`` also looks at this machine, without the network: the SQLite
     file's directory exists and is writable, the PostgreSQL driver is installed, the
