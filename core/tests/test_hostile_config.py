@@ -191,3 +191,109 @@ def test_a_valid_file_imports_its_filter_from_beside_it(tmp_path: Path) -> None:
     path.write_text(VALID + "    filter:\n      function: hostile_filters_valid:pick\n")
     assert load_config(path, env={}).watchers[0].name == "everything"
     assert marker.exists()
+
+
+# -- settings that work but expose what they carry: warned at their line -------------------
+
+EXPOSED = """\
+store:
+  url: sqlite:///{db}
+streams:
+  orders:
+    connector: memory
+    topics: [orders]
+watchers:
+  - name: everything
+    stream: orders
+    asset: orders
+    sinks: [airflow, hook, signed, local]
+sinks:
+  - name: airflow
+    kind: airflow
+    url: http://airflow.internal:8080
+    username: acklane
+    password: hunter2-hunter2
+  - name: hook
+    kind: webhook
+    url: https://user:pw@hooks.example.com/in
+    verify_tls: false
+  - name: signed
+    kind: webhook
+    url: http://hooks.example.com/in
+    secret: an-hmac-key-that-is-never-sent-000
+    headers: {{X-Api-Key: abc}}
+  - name: local
+    kind: webhook
+    url: http://user:pw@127.0.0.1:9/in
+tracing:
+  endpoint: http://collector.example.com:4318
+  headers: {{x-team: abc}}
+"""
+
+
+def exposed(tmp_path: Path) -> Path:
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(EXPOSED.format(db=tmp_path / "events.db"))
+    return path
+
+
+def line_of(path: Path, needle: str) -> int:
+    return next(i for i, t in enumerate(path.read_text().splitlines(), 1) if needle in t)
+
+
+def test_exposing_settings_are_warned_at_their_file_line_and_field(tmp_path: Path) -> None:
+    path = exposed(tmp_path)
+    found = load_config(path, env={}).warnings
+    assert {w.source for w in found} == {str(path)}
+    assert [(w.line, w.path) for w in found] == [
+        (line_of(path, "airflow.internal"), "sinks[0].url"),
+        (line_of(path, "verify_tls"), "sinks[1].verify_tls"),
+        (line_of(path, "http://hooks"), "sinks[2].url"),
+        (line_of(path, "collector"), "tracing.endpoint"),
+    ]  # https and the loopback interface are not warned
+    messages = [w.message for w in found]
+    assert "plain http:// while password goes with each request" in messages[0]
+    assert "TLS certificate is not checked" in messages[1]
+    assert "plain http:// while headers goes with each request" in messages[2]
+    assert "plain http:// while headers goes with each request" in messages[3]
+    assert "hunter2" not in repr(found) and "abc" not in repr(found)
+
+
+def test_a_url_password_over_http_is_warned() -> None:
+    text = VALID.replace(
+        "everything\n    stream: orders\n", "e\n    stream: orders\n    sinks: [h]\n"
+    )
+    text += "sinks:\n  - {name: h, kind: webhook, url: 'http://u:secret-pw@hooks.example.com/'}\n"
+    [warning] = parse_config(text, source="p.yaml").warnings
+    assert (warning.line, warning.path) == (13, "sinks[0].url")
+    assert "URL's password is sent over plain http://" in warning.message
+
+
+def test_validate_prints_the_warnings_and_run_logs_them_once(tmp_path: Path) -> None:
+    path = exposed(tmp_path)
+    result = acklane_validate(path)
+    assert result.returncode == 0, result.stderr
+    shown = " ".join(result.stdout.split())
+    assert f"warning {path}:{line_of(path, 'verify_tls')}: sinks[1].verify_tls: false" in shown
+    script = Path(sys.executable).with_name("acklane")
+    run = subprocess.Popen(
+        [str(script), "run", str(path), "--no-sinks"],
+        cwd=tmp_path,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "ACKLANE_LOG_FORMAT": "text", "COLUMNS": "200"},
+    )
+    assert run.stderr is not None
+    try:
+        seen = ""
+        for line in run.stderr:
+            seen += line
+            if "Shared stream group started" in line or "Traceback" in line:
+                break
+        run.terminate()
+        seen += run.communicate(timeout=30)[1]
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert seen.count("sinks[1].verify_tls") == 1, seen
+    assert seen.count("tracing.endpoint") == 1, seen

@@ -27,6 +27,7 @@ from ..sinks import KINDS, Sink, SinkContext, SinkSettings, UnknownSinkKind, sin
 from ..stores.settings import StateStoreSettings
 from ._errors import ConfigError, ConfigProblem, Loc
 from ._imports import HELD, add_import_roots, held_imports
+from ._insecure import insecure_settings
 from ._messages import _describe, _field_names, _got, _model_at
 from ._models import (
     _NAME_RE,
@@ -402,6 +403,7 @@ def _parse_config(
         sinks={name: entry.settings for name, entry in sinks.items()},
         deprecations=tuple(reader.deprecations),
         tracing=tracing,
+        warnings=tuple(insecure_settings(reader, data)),
     )
 
 
