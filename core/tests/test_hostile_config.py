@@ -10,11 +10,16 @@ import sys
 import threading
 import time
 import tracemalloc
+import warnings
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from acklane.core.config import ConfigError, load_config, parse_config
 from acklane.core.config._yaml import MAX_BYTES, MAX_DEPTH, MAX_VALUES
@@ -297,3 +302,77 @@ def test_validate_prints_the_warnings_and_run_logs_them_once(tmp_path: Path) -> 
             run.kill()
     assert seen.count("sinks[1].verify_tls") == 1, seen
     assert seen.count("tracing.endpoint") == 1, seen
+
+
+# -- a bounded fuzz: any text is a configuration or a ConfigError, quickly ----------------
+
+_KEYS = (
+    "engine", "store", "state", "metrics", "tracing", "streams", "watchers", "sinks",
+    "url", "connector", "topics", "dead_letter", "name", "stream", "asset", "filter",
+    "match", "reject", "emit", "function", "kind", "verify_tls", "headers", "password",
+    "token", "username", "endpoint", "enabled", "body.amount", "gt", "in", "<<", "x-a",
+)  # fmt: skip
+_SCALARS = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=True),
+    st.sampled_from(
+        [
+            "memory", "orders", "sqlite:///:memory:", "http://h.example/", "https://u:p@h/",
+            "${SET}", "${UNSET}", "${UNSET:-d}", "$${x}", "no_such_mod_fz:f", "os:getcwd",
+            "acklane", "webhook", "airflow", "function", "10s", "", "&", "*a", "[", "{",
+        ]
+    ),
+    st.text(max_size=12),
+)  # fmt: skip
+_VALUES = st.recursive(
+    _SCALARS,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4),
+        st.dictionaries(st.one_of(st.sampled_from(_KEYS), st.text(max_size=6)), inner, max_size=5),
+    ),
+    max_leaves=25,
+)
+_SNIPPETS = st.one_of(
+    st.text(alphabet="&*[]{}:-!|>#'\"\n %@$<,?ab01", max_size=30),
+    st.sampled_from(
+        [
+            "x-a: &a [1, 2]\n", "x-b: *a\n", "x-c: &c {<<: *c}\n", "!!python/name:os.system\n",
+            "x: !!binary AAA\n", "x: !!set {a}\n", "x: 1" + "0" * 5000 + "\n", "\t", "\x00",
+            "---\n", "...\n", "%YAML 1.1\n", "? [a]\n: b\n", "x: " + "[" * 200 + "]" * 200,
+        ]
+    ),
+)  # fmt: skip
+
+
+def _texts() -> st.SearchStrategy[str]:
+    dumped = _VALUES.map(lambda v: yaml.safe_dump(v, default_flow_style=None, allow_unicode=True))
+    mutated = st.builds(
+        lambda at, snippet: VALID[:at] + snippet + VALID[at:],
+        st.integers(0, len(VALID)),
+        _SNIPPETS,
+    )
+    return st.one_of(dumped, mutated, _SNIPPETS)
+
+
+@settings(
+    max_examples=150,
+    derandomize=True,
+    deadline=timedelta(seconds=2),
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(_texts())
+def test_any_text_is_a_configuration_or_a_config_error_within_bounds(text: str) -> None:
+    tracemalloc.start()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # old names warned: allowed
+            try:
+                parse_config(text, source="fuzz.yaml", env={"SET": "1"})
+            except ConfigError as exc:
+                assert exc.problems and all(p.source == "fuzz.yaml" for p in exc.problems)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 * 1024 * 1024, f"peak {peak / 1e6:.0f} MB"
