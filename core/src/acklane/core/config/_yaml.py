@@ -186,11 +186,11 @@ class _Reader:
     def _build(self, node: yaml.Node, loc: Loc) -> Any:
         self._values += 1
         if self._values > MAX_VALUES:
-            raise LimitExceeded(_too_many(), node.start_mark.line + 1)
+            raise LimitExceeded(_too_many(), self._entry_line(loc))
         if len(loc) > MAX_DEPTH:  # aliases inside aliases nest deeper than the text
             raise LimitExceeded(
                 f"nested more than {MAX_DEPTH} levels deep (the limit), aliases expanded",
-                node.start_mark.line + 1,
+                self._entry_line(loc),
             )
         if id(node) in self._active:
             self.problem(loc, "a YAML alias refers to itself; recursive structures are not allowed")
@@ -217,6 +217,11 @@ class _Reader:
             return value
         finally:
             self._active.discard(id(node))
+
+    def _entry_line(self, loc: Loc) -> int | None:
+        """The line of the top-level entry holding ``loc``: a node inside an expanded
+        alias carries its anchor's line, the entry is where the expansion was asked for."""
+        return self.line_of(loc[:1])
 
     def _construct(self, node: yaml.Node, loc: Loc) -> Any:
         """The node's value; one PyYAML takes but Python refuses (an integer of more
