@@ -186,7 +186,7 @@ def test_the_function_is_found_in_the_configurations_folder(module: str, tmp_pat
     )
     assert str(tmp_path) not in sys.path
     assert FunctionSink.check_config(settings, tmp_path) == []
-    assert sys.path[0] == str(tmp_path)
+    assert sys.path[-1] == str(tmp_path)  # after the standard library and installed packages
 
 
 @pytest.mark.parametrize(

@@ -329,6 +329,8 @@ def _load(path: Path) -> AcklaneConfig:
         raise typer.Exit(2) from None
     for deprecation in cfg.deprecations:
         log.warning("%s", deprecation)
+    for warning in cfg.warnings:  # once, as the file is loaded
+        log.warning("%s", warning)
     return cfg
 
 
@@ -413,6 +415,7 @@ def validate(
                 for w in cfg.watchers
             ],
             "deprecations": [_problem_document(d) for d in cfg.deprecations],
+            "warnings": [_problem_document(w) for w in cfg.warnings],
         }
         if checks is not None:
             document["connected"] = not failed
@@ -440,6 +443,8 @@ def validate(
     console.print(Text(summary), soft_wrap=True)
     for deprecation in cfg.deprecations:  # they work; say so, and their new names
         console.print(Text("old name ", style="yellow") + Text(str(deprecation)), soft_wrap=True)
+    for warning in cfg.warnings:  # they work too, and expose what they carry
+        console.print(Text("warning ", style="yellow") + Text(str(warning)), soft_wrap=True)
     if checks is not None:
         for check in checks:
             style = {"ok": "green", "failed": "red", "skipped": "yellow"}[check.status]

@@ -16,8 +16,9 @@ types), ``_models`` (the pydantic models of the YAML sections), ``_result`` (the
 validated configuration), ``_yaml`` (YAML with line numbers), ``_substitution``
 (``${NAME}``), ``_messages`` (pydantic errors as sentences) and ``_parse``
 (:func:`load_config` and :func:`parse_config`; :func:`load_store_config` reads only
-the ``store`` and ``state`` sections) and ``_show`` (the resolved configuration with
-its secrets masked). Import from here, not from them.
+the ``store`` and ``state`` sections), ``_imports`` (the user's modules, found beside
+the configuration without shadowing installed ones) and ``_show`` (the resolved
+configuration with its secrets masked). Import from here, not from them.
 
 Loading registers the file's secrets with :mod:`acklane.core.observe.redact` (SecretStr
 fields, secret-like keys, URL passwords, ``${VAR}`` with secret-like names), and no
@@ -26,6 +27,7 @@ fields, secret-like keys, URL passwords, ``${VAR}`` with secret-like names), and
 
 from ..names import NAME_PATTERN
 from ._errors import ConfigError, ConfigProblem, Loc, format_path
+from ._imports import add_import_roots, import_user_module
 from ._models import (
     EngineSettings,
     MetricsSettings,
@@ -34,7 +36,6 @@ from ._models import (
     WatcherSettings,
 )
 from ._parse import (
-    add_import_roots,
     load_config,
     load_store_config,
     parse_config,
@@ -60,6 +61,7 @@ __all__ = [
     "add_import_roots",
     "config_document",
     "format_path",
+    "import_user_module",
     "load_config",
     "load_store_config",
     "parse_config",

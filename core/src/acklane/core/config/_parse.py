@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import difflib
 import os
-import sys
+import stat
+import warnings
 from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, NamedTuple, NoReturn
@@ -25,6 +26,8 @@ from ..pipeline.filters import FilterSpec, FilterSpecError, compile_filter
 from ..sinks import KINDS, Sink, SinkContext, SinkSettings, UnknownSinkKind, sink_class
 from ..stores.settings import StateStoreSettings
 from ._errors import ConfigError, ConfigProblem, Loc
+from ._imports import HELD, add_import_roots, held_imports
+from ._insecure import insecure_settings
 from ._messages import _describe, _field_names, _got, _model_at
 from ._models import (
     _NAME_RE,
@@ -39,7 +42,7 @@ from ._models import (
     _Settings,
 )
 from ._result import AcklaneConfig, StoreConfig, StreamConfig, WatcherConfig
-from ._yaml import _Reader
+from ._yaml import MAX_BYTES, _Reader
 
 #: Connectors acklane ships as extras, for the install hint.
 _KNOWN_EXTRAS: Final = ("kafka", "sqs", "pubsub", "servicebus")
@@ -205,21 +208,37 @@ def _read(text: str, source: str, env: Mapping[str, str] | None) -> tuple[_Reade
 
 
 def _read_file(path: str | os.PathLike[str]) -> tuple[str, str]:
+    """The file's text, read only if it is a regular file of at most :data:`MAX_BYTES`.
+
+    A FIFO would block the reader until someone writes, ``/dev/zero`` never ends:
+    the file is opened without blocking and looked at before a byte is read.
+    """
     source = os.fspath(path)
+
+    def refused(message: str) -> ConfigError:
+        return ConfigError([ConfigProblem(source, None, "", message)])
+
     try:
-        return source, Path(source).read_text(encoding="utf-8")
+        fd = os.open(source, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except OSError as exc:
-        raise ConfigError(
-            [
-                ConfigProblem(
-                    source, None, "", f"cannot read the configuration: {exc.strerror or exc}"
+        raise refused(f"cannot read the configuration: {exc.strerror or exc}") from None
+    with os.fdopen(fd, "rb") as file:
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise refused(
+                    "the configuration is not a regular file (a directory, a FIFO or a "
+                    "device); give the path of a YAML file"
                 )
-            ]
-        ) from None
+            data = file.read(MAX_BYTES + 1)
+        except OSError as exc:
+            raise refused(f"cannot read the configuration: {exc.strerror or exc}") from None
+    if len(data) > MAX_BYTES:
+        raise refused(f"the configuration is larger than {MAX_BYTES} bytes (the limit)")
+    try:
+        return source, data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ConfigError(
-            [ConfigProblem(source, None, "", f"the configuration is not UTF-8 text: {exc}")]
-        ) from None
+        raise refused(f"the configuration is not UTF-8 text: {exc}") from None
 
 
 def load_config(
@@ -231,23 +250,19 @@ def load_config(
     """Read and validate a YAML configuration file; raises :class:`ConfigError`.
 
     Function filters (``function: mypipeline.filters:big_orders``) are imported from
-    the configuration file's directory first, then the working directory.
-    ``offline_checks`` (``acklane validate``): see :func:`parse_config`.
+    the configuration file's directory, then the working directory, after the
+    standard library and the installed packages (see ``_imports``); only once the
+    rest of the file is valid. ``offline_checks`` (``acklane validate``): see
+    :func:`parse_config`.
     """
     source, text = _read_file(path)
-    add_import_roots(Path(source).resolve().parent, Path.cwd())
-    return parse_config(text, source=source, env=env, offline_checks=offline_checks)
-
-
-def add_import_roots(*directories: Path) -> None:
-    """Put the directories at the front of ``sys.path``, in order, once each.
-
-    A pipeline's filters (and function sinks) live beside its YAML; the ``acklane``
-    script's own ``sys.path`` holds neither that directory nor the working directory.
-    They stay on the path: a filter may import its own helpers later, while it runs.
-    """
-    wanted = [str(d) for d in directories]
-    sys.path[:] = wanted + [p for p in sys.path if p not in wanted]
+    return parse_config(
+        text,
+        source=source,
+        env=env,
+        offline_checks=offline_checks,
+        import_roots=(Path(source).resolve().parent, Path.cwd()),
+    )
 
 
 def load_store_config(
@@ -293,8 +308,39 @@ def parse_config(
     source: str = "<string>",
     env: Mapping[str, str] | None = None,
     offline_checks: bool = False,
+    import_roots: Sequence[Path] = (),
 ) -> AcklaneConfig:
     """Validate a configuration given as YAML text; ``source`` names it in errors.
+
+    The file is checked first with the user's modules held back (function filters and
+    sinks, Protobuf classes: trusted code that runs on import): a file with other
+    problems imports none of them. Only then are ``import_roots`` added to the import
+    path and the file checked again, importing; ``offline_checks``: see
+    :func:`_parse_config`.
+    """
+    with held_imports() as held:
+        try:
+            config = _parse_config(text, source=source, env=env, offline_checks=offline_checks)
+        except ConfigError as exc:
+            others = [p for p in exc.problems if HELD not in p.message]
+            if others or not held:
+                raise ConfigError(others or exc.problems) from None
+    if not held:
+        return config
+    add_import_roots(*import_roots)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # warned on the first pass
+        return _parse_config(text, source=source, env=env, offline_checks=offline_checks)
+
+
+def _parse_config(
+    text: str,
+    *,
+    source: str = "<string>",
+    env: Mapping[str, str] | None = None,
+    offline_checks: bool = False,
+) -> AcklaneConfig:
+    """:func:`parse_config`'s one pass.
 
     ``offline_checks`` also looks at this machine, without the network: the SQLite
     file's directory exists and is writable, the PostgreSQL driver is installed, the
@@ -357,6 +403,7 @@ def parse_config(
         sinks={name: entry.settings for name, entry in sinks.items()},
         deprecations=tuple(reader.deprecations),
         tracing=tracing,
+        warnings=tuple(insecure_settings(reader, data)),
     )
 
 

@@ -72,6 +72,9 @@ class AcklaneConfig:
     deprecations: tuple[ConfigProblem, ...] = ()
     #: ``tracing:`` (OpenTelemetry; off unless enabled here or by ``OTEL_TRACES_EXPORTER``).
     tracing: TracingSettings = field(default_factory=TracingSettings)
+    #: Settings that work but expose a credential or trust any server (``verify_tls:
+    #: false``, a password sent to an ``http://`` URL), each at its file:line.
+    warnings: tuple[ConfigProblem, ...] = ()
 
     def watcher(self, name: str) -> WatcherConfig:
         for w in self.watchers:

@@ -1,10 +1,17 @@
-"""YAML to plain data, recording the line of every path so that problems can say where."""
+"""YAML to plain data, recording the line of every path so that problems can say where.
+
+A configuration file is input like any other: its size, its nesting and what its
+aliases expand to are bounded (:data:`MAX_BYTES`, :data:`MAX_DEPTH`,
+:data:`MAX_VALUES`), so that a few hundred bytes of anchors and aliases cannot take
+minutes and gigabytes, and a deep nest cannot end in a RecursionError. Each limit is
+reported as a problem naming the file, the line and the limit.
+"""
 
 from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 import yaml
 
@@ -12,9 +19,53 @@ from ..observe.redact import is_secret_name
 from ._errors import ConfigProblem, Loc, format_path
 from ._substitution import substitute
 
+#: The largest configuration read, in bytes (text: characters): far above any real
+#: pipeline, far below what would strain the process.
+MAX_BYTES: Final = 1024 * 1024
+
+#: The deepest nesting of mappings and lists, aliases expanded: real files stay
+#: under 15; PyYAML's composer recurses per level, and Python's stack is ~1000 frames.
+MAX_DEPTH: Final = 100
+
+#: The most values (mappings, lists, scalars) the document may expand to, aliases
+#: expanded: each alias repeats its anchor's whole content, so ten lines of aliases
+#: can stand for a billion values. (PyYAML itself merges each ``<<`` key's pairs once.)
+MAX_VALUES: Final = 100_000
+
+
+class LimitExceeded(Exception):
+    """The document goes past one of the limits; ``line`` is where, when known."""
+
+    def __init__(self, message: str, line: int | None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.line = line
+
 
 class _Loader(yaml.SafeLoader):
-    """SafeLoader without timestamp resolution: dates stay strings (JSON-able)."""
+    """SafeLoader without timestamp resolution (dates stay strings, JSON-able), its
+    nesting bounded."""
+
+    _depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]
+                raise LimitExceeded(
+                    f"nested more than {MAX_DEPTH} levels deep (the limit)", mark.line + 1
+                )
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+def _too_many() -> str:
+    return (
+        f"expands to more than {MAX_VALUES} values (the limit): each YAML alias "
+        "repeats its anchor's whole content"
+    )
 
 
 _Loader.yaml_implicit_resolvers = {
@@ -46,6 +97,7 @@ class _Reader:
         #: Sinks whose own entry has problems: a watcher naming one is not told "unknown".
         self.known_bad_sinks: set[str] = set()
         self._active: set[int] = set()
+        self._values = 0
 
     # locations and problems
 
@@ -90,6 +142,9 @@ class _Reader:
     # parsing
 
     def read(self) -> Any:
+        if len(self.text) > MAX_BYTES:
+            self.problem((), f"the configuration is larger than {MAX_BYTES} characters (the limit)")
+            return None
         try:
             self._loader = _Loader(self.text)  # checks the characters at once
             try:
@@ -100,6 +155,8 @@ class _Reader:
                 return self._build(node, ())
             finally:
                 self._loader.dispose()
+        except LimitExceeded as exc:
+            self.problem((), exc.message, line=exc.line)
         except yaml.MarkedYAMLError as exc:
             self._syntax_problem(exc)
         except yaml.reader.ReaderError as exc:
@@ -127,6 +184,14 @@ class _Reader:
         self.problem((), f"{kind}: {what}{detail}", line=line)
 
     def _build(self, node: yaml.Node, loc: Loc) -> Any:
+        self._values += 1
+        if self._values > MAX_VALUES:
+            raise LimitExceeded(_too_many(), self._entry_line(loc))
+        if len(loc) > MAX_DEPTH:  # aliases inside aliases nest deeper than the text
+            raise LimitExceeded(
+                f"nested more than {MAX_DEPTH} levels deep (the limit), aliases expanded",
+                self._entry_line(loc),
+            )
         if id(node) in self._active:
             self.problem(loc, "a YAML alias refers to itself; recursive structures are not allowed")
             return None
@@ -140,7 +205,7 @@ class _Reader:
                     self.lines[(*loc, index)] = item.start_mark.line + 1
                     items.append(self._build(item, (*loc, index)))
                 return items
-            value = self._loader.construct_object(node, deep=True)
+            value = self._construct(node, loc)
             if isinstance(value, str) and "$" in value:
                 line = node.start_mark.line + 1
                 unresolved: list[str] = []
@@ -153,6 +218,20 @@ class _Reader:
         finally:
             self._active.discard(id(node))
 
+    def _entry_line(self, loc: Loc) -> int | None:
+        """The line of the top-level entry holding ``loc``: a node inside an expanded
+        alias carries its anchor's line, the entry is where the expansion was asked for."""
+        return self.line_of(loc[:1])
+
+    def _construct(self, node: yaml.Node, loc: Loc) -> Any:
+        """The node's value; one PyYAML takes but Python refuses (an integer of more
+        than 4300 digits...) is a problem at its line, not a traceback."""
+        try:
+            return self._loader.construct_object(node, deep=True)
+        except (ValueError, OverflowError) as exc:
+            self.problem(loc, f"cannot read this value: {exc}", line=node.start_mark.line + 1)
+            return None
+
     def _note_variable(self, name: str, text: str) -> None:
         if is_secret_name(name):
             self.secrets.add(text)
@@ -164,7 +243,7 @@ class _Reader:
         first: dict[Any, tuple[int, bool]] = {}
         for key_node, value_node in node.value:
             line = key_node.start_mark.line + 1
-            key = self._loader.construct_object(key_node, deep=True)
+            key = self._construct(key_node, loc)
             try:
                 hash(key)
             except TypeError:

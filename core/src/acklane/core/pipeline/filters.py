@@ -17,7 +17,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import difflib
-import importlib
 import inspect
 import json
 import re
@@ -587,8 +586,10 @@ def import_object(path: str) -> Any:
         module_name, _, attr_path = path.rpartition(".")
     if not module_name or not attr_path:
         raise ValueError(f"{path!r} is not an import path; write package.module:function")
+    from ..config import import_user_module  # config imports this module
+
     try:
-        obj: Any = importlib.import_module(module_name)
+        obj: Any = import_user_module(module_name)
     except ImportError as exc:
         raise ValueError(f"cannot import module {module_name!r} (from {path!r}): {exc}") from None
     except Exception as exc:

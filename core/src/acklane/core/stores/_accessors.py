@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import threading
 import time
 from collections.abc import Callable
@@ -53,7 +52,9 @@ def open_backend(
                 f"state.backend {settings.backend!r}: expected an import path 'module:Class'"
             )
         try:
-            cls = getattr(importlib.import_module(module_name), attr)
+            from ..config import import_user_module
+
+            cls = getattr(import_user_module(module_name), attr)
         except (ImportError, AttributeError) as exc:
             raise ValueError(
                 f"state.backend {settings.backend!r} cannot be imported: {exc}"

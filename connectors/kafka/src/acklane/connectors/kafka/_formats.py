@@ -27,7 +27,6 @@ import base64
 import contextlib
 import datetime
 import decimal
-import importlib
 import json
 import uuid
 from collections.abc import Callable
@@ -78,9 +77,11 @@ def registry_client(settings: SchemaRegistrySettings) -> Any:
 
 def load_message_class(spec: str) -> Any:
     """The class ``module:Class`` names (``Class`` may be dotted: ``Outer.Inner``)."""
+    from acklane.core.config import import_user_module
+
     module_name, _, attribute = spec.partition(":")
     try:
-        found: Any = importlib.import_module(module_name)
+        found: Any = import_user_module(module_name)
     except ImportError as exc:
         raise AcklaneError(f"message class {spec}: cannot import {module_name}: {exc}") from exc
     for part in attribute.split("."):
