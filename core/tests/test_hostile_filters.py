@@ -8,12 +8,16 @@ retried as a failing watcher), and the CLI prints what a message holds as text.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import subprocess
 import sys
 import textwrap
+import threading
 import uuid
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -27,11 +31,12 @@ from runner_harness import (  # noqa: F401 - filter_path: a fixture
 
 from acklane.connectors.memory import MemoryBroker
 from acklane.core.config import AcklaneConfig, ConfigError, parse_config
-from acklane.core.connectors.deadletter import REJECT_REASON
-from acklane.core.events import EventStore
+from acklane.core.connectors.deadletter import ORIGIN_MESSAGE_ID, ORIGIN_TOPIC, REJECT_REASON
+from acklane.core.events import EventRecord, EventStore
 from acklane.core.message import MAX_JSON_DEPTH, BodyDecodeError, RawMessage
 from acklane.core.pipeline.filters import compile_filter
 from acklane.core.pipeline.runner import Runner
+from acklane.integration.kafka import KafkaKit
 
 #: The pattern of the issue: nested quantifiers, exponential for a backtracking engine
 #: on a long word that does not end the way it asks.
@@ -251,3 +256,119 @@ async def test_a_body_nested_a_thousand_deep_is_dead_lettered_at_once(
         "function": [1, 4],
         "schema": [1, 4],
     }
+
+
+# -- untrusted text in the terminal ------------------------------------------------------
+
+#: What a body, a reason or an id may hold: Rich markup (a closing tag with nothing
+#: open made ``dlq list`` exit 1), a window title, a screen clear, a cursor move back
+#: over what was printed, a bell, and a right-to-left override.
+HOSTILE = "[/x] closing [bold]loud\x1b]0;pwned\x07\x1b[2J\x1b[1A\x9b31m\u202edesrever"
+#: The same, as the CLI must print it: markup as text, every control as an escape.
+SHOWN = r"[/x] closing [bold]loud\x1b]0;pwned\x07\x1b[2J\x1b[1A\x9b31m\u202edesrever"
+#: What must not reach the terminal raw (a style of the CLI's own may start with ESC [).
+RAW = ["\x1b]0;", "\x1b[2J", "\x1b[1A", "\x07", "\x9b", "\u202e"]
+
+
+def _acklane(*args: str, terminal: bool = False) -> subprocess.CompletedProcess[str]:
+    """The real ``acklane`` command, as a terminal sees it (``terminal``) or piped."""
+    env = {**os.environ, "COLUMNS": "400"}
+    env.pop("NO_COLOR", None)
+    if terminal:
+        env["FORCE_COLOR"] = "1"  # Rich's tables and colours, as on a terminal
+    else:
+        env.pop("FORCE_COLOR", None)
+    return subprocess.run(
+        [sys.executable, "-m", "acklane.core.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+
+
+def _printed_as_text(output: str) -> None:
+    assert not [raw for raw in RAW if raw in output], repr(output)
+
+
+def test_dlq_list_prints_bodies_reasons_and_ids_as_text(
+    tmp_path: Path, kafka_kit: KafkaKit
+) -> None:
+    topic = kafka_kit.new_topic("hostile")
+    dead = kafka_kit.new_topic("hostile-dlq")
+    kafka_kit.produce(
+        dead,
+        [json.dumps({"note": HOSTILE}, ensure_ascii=False).encode()],
+        headers=[
+            (ORIGIN_TOPIC, topic),
+            (ORIGIN_MESSAGE_ID, f"id-{HOSTILE}"),
+            (REJECT_REASON, f"watcher w: {HOSTILE}"),
+        ],
+    )
+    config = tmp_path / "p.yaml"
+    config.write_text(
+        f"store: {{url: 'sqlite:///{tmp_path}/e.db'}}\n"
+        "streams:\n  orders:\n    connector: kafka\n"
+        f"    bootstrap_servers: {kafka_kit.bootstrap_servers}\n"
+        f"    topics: [{topic}]\n    group_id: g\n    dead_letter: {dead}\n"
+        "watchers: [{name: w, stream: orders}]\n"
+    )
+    for terminal in (True, False):
+        done = _acklane("dlq", "list", str(config), "orders", terminal=terminal)
+        assert done.returncode == 0, done.stdout + done.stderr
+        _printed_as_text(done.stdout + done.stderr)
+        flat = done.stdout.replace("\n", "")
+        assert "[/x] closing [bold]loud" in flat, done.stdout
+        assert r"\x1b]0;pwned\x07" in flat and r"\u202edesrever" in flat, done.stdout
+
+
+def test_events_list_prints_payloads_and_ids_as_text(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/events.db"
+
+    async def fill() -> None:
+        async with EventStore(url, on_confirmed=lambda seqs: None) as store:
+            record = EventRecord("w", '["memory","orders"]', {"note": HOSTILE}, HOSTILE, 0)
+            await store.put(record, seq=0)
+            await store.flush()
+
+    asyncio.run(fill())
+    for terminal in (True, False):
+        done = _acklane("events", "list", "--url", url, terminal=terminal)
+        assert done.returncode == 0, done.stdout + done.stderr
+        _printed_as_text(done.stdout + done.stderr)
+        assert "[/x] closing" in done.stdout, done.stdout
+    # piped, each event is one line: the message id in full
+    assert SHOWN in done.stdout.splitlines()[1].split("\t")[4], done.stdout
+
+
+def test_top_prints_what_the_service_answers_as_text() -> None:
+    # a service (or whatever answers at the URL) names the streams, their states and
+    # the problems: a real HTTP server answering hostile text
+    ready = {
+        "ready": False,
+        "problems": [f"stream broken: {HOSTILE}"],
+        "streams": {f"s-{HOSTILE}": {"state": HOSTILE, "key": "k"}},
+    }
+
+    class Answer(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = json.dumps(ready).encode() if self.path == "/readyz" else b""
+            self.send_response(503 if self.path == "/readyz" else 200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        done = _acklane("top", "--once", "--url", url, terminal=True)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert done.returncode == 0, done.stdout + done.stderr
+    _printed_as_text(done.stdout + done.stderr)
+    assert "s-[/x] closing" in done.stdout and "stream broken: [/x]" in done.stdout, done.stdout
