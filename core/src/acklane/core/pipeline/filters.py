@@ -325,6 +325,9 @@ _RE2_OPTIONS: Final = re2.Options()
 _RE2_OPTIONS.log_errors = False
 _RE2_OPTIONS.never_capture = True
 _UNANCHORED: Final = re2._re2.RE2.Anchor.UNANCHORED
+#: How many verdicts a regex condition remembers, on texts of at most how many characters.
+_REMEMBERED_VERDICTS: Final = 1024
+_REMEMBERED_TEXT: Final = 128
 
 
 def _regex_test(pattern: str) -> Test:
@@ -340,12 +343,24 @@ def _regex_test(pattern: str) -> Test:
         ) from None
     match = compiled._regexp.Match
     null: Final = (-1, -1)
+    # The verdicts on short texts, remembered: a search through the binding costs some
+    # 0.5 us where Python's `re` took 0.15 us, and what a regex routes on (an event
+    # type, a topic, a key) takes few distinct values. Bounded: emptied when full.
+    verdicts: dict[str, bool] = {}
 
     def search(v: Any) -> bool:
         if not isinstance(v, str):
             return False
+        found = verdicts.get(v)
+        if found is not None:
+            return found
         text = v.encode("utf-8", "surrogatepass")
-        return bool(match(_UNANCHORED, text, 0, len(text))[0] != null)
+        found = bool(match(_UNANCHORED, text, 0, len(text))[0] != null)
+        if len(v) <= _REMEMBERED_TEXT:
+            if len(verdicts) >= _REMEMBERED_VERDICTS:
+                verdicts.clear()
+            verdicts[v] = found
+        return found
 
     return search
 
