@@ -377,3 +377,41 @@ def test_top_prints_what_the_service_answers_as_text() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     _printed_as_text(done.stdout + done.stderr)
     assert "s-[/x] closing" in done.stdout and "stream broken: [/x]" in done.stdout, done.stdout
+
+
+async def test_sinks_parked_prints_a_receivers_reason_as_text(tmp_path: Path) -> None:
+    # the reason quotes what the receiver answered; the sink is the dispatcher tests'
+    # recording double, refusing the event as a receiver's HTTP 400 would
+    from test_sink_dispatch import Recording, put, running
+
+    from acklane.core.sinks import RefusedDelivery, parked_events
+    from acklane.core.sql import async_engine
+    from acklane.core.testing import eventually
+
+    url = f"sqlite:///{tmp_path}/e.db"
+    sink = Recording("hook", behave=lambda d: RefusedDelivery(f"HTTP 400: {HOSTILE}"))
+    async with running(url, sink) as (store, _):
+        await put(store, [1])
+        engine = async_engine(url)
+        try:
+
+            async def parked() -> bool:
+                return bool(await parked_events(engine, "hook"))
+
+            await eventually(parked, "the event parked", within=10)
+        finally:
+            await engine.dispose()
+    config = tmp_path / "p.yaml"
+    config.write_text(
+        f"store: {{url: '{url}'}}\n"
+        "streams: {m: {connector: memory, broker: hostile, topics: [t]}}\n"
+        "sinks: [{name: hook, kind: webhook, url: 'http://127.0.0.1:1/hook'}]\n"
+        "watchers: [{name: w, stream: m, sinks: [hook]}]\n"
+    )
+    for terminal in (True, False):
+        done = await asyncio.to_thread(
+            _acklane, "sinks", "parked", str(config), "hook", terminal=terminal
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        _printed_as_text(done.stdout + done.stderr)
+        assert "HTTP 400: [/x] closing" in done.stdout, done.stdout
