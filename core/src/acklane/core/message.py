@@ -21,7 +21,7 @@ _fast_loads = msgspec.json.Decoder().decode
 __all__ = ["MAX_JSON_DEPTH", "BodyDecodeError", "RawMessage", "check_json_depth"]
 
 #: How deeply a JSON body may nest arrays and objects (docs/configuration.md, "Bodies
-#: filters refuse"). Both decoders recurse once a level and give up near the
+#: nested too deep"). Both decoders recurse once a level and give up near the
 #: interpreter's recursion limit with a RecursionError, which is not a verdict on the
 #: message: the watcher would restart and the message come back until its attempts
 #: ran out. Far below that limit, so that what the filters, the schema check and the

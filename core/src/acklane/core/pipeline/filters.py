@@ -317,8 +317,8 @@ def _make_test(op: str, operand: Any) -> Test:
 # run so (backreferences, lookaround, possessive repetition...). No capture groups:
 # a condition only asks whether the text matches. No error lines of RE2's own on
 # stderr: the configuration error says it. The binding compiles and checks the
-# pattern; its engine object is then called directly: the wrapper's search is some
-# three times slower, for a match object a condition does not read, and fails on a
+# pattern; its engine object is then called directly: the wrapper's search is two to
+# five times slower, for a match object a condition does not read, and fails on a
 # lone surrogate (which a JSON body may hold); the bytes given to the engine keep one
 # as bytes that are not UTF-8, which RE2 reads without failing.
 _RE2_OPTIONS: Final = re2.Options()
