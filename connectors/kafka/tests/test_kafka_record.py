@@ -14,7 +14,7 @@ from confluent_kafka import TIMESTAMP_CREATE_TIME, TIMESTAMP_NOT_AVAILABLE
 
 from acklane.connectors.kafka import KafkaDelivery, KafkaMessage, message_id_of
 from acklane.connectors.kafka._message import id_prefix
-from acklane.core.message import BodyDecodeError, RawMessage
+from acklane.core.message import MAX_JSON_DEPTH, BodyDecodeError, RawMessage
 
 
 class Native:
@@ -80,6 +80,15 @@ def test_a_tombstone_without_key_headers_or_timestamp() -> None:
     assert (r.key, r.key_bytes, r.attributes, r.headers, r.timestamp) == (None, None, {}, (), None)
     with pytest.raises(BodyDecodeError, match="kafka:c-1/orders:T0pic1d/2/7 body is not JSON"):
         r.json()
+
+
+def test_a_value_nested_too_deep_is_a_body_decode_error_not_a_recursion_error() -> None:
+    # the record decodes its value itself (msgspec, then RawMessage.json's fallback)
+    assert record(Native(b"[" * MAX_JSON_DEPTH + b"]" * MAX_JSON_DEPTH)).json() is not None
+    for depth in (MAX_JSON_DEPTH + 1, 5000):
+        deep = record(Native(b"[" * depth + b"]" * depth))
+        with pytest.raises(BodyDecodeError, match="2/7 body is JSON nested deeper than 128"):
+            deep.json()
 
 
 def test_repr_and_equality_follow_the_record() -> None:

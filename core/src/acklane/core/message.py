@@ -6,7 +6,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 
@@ -18,7 +18,15 @@ from .errors import AcklaneError
 # json.loads' in every case.
 _fast_loads = msgspec.json.Decoder().decode
 
-__all__ = ["BodyDecodeError", "RawMessage"]
+__all__ = ["MAX_JSON_DEPTH", "BodyDecodeError", "RawMessage", "check_json_depth"]
+
+#: How deeply a JSON body may nest arrays and objects (docs/configuration.md, "Bodies
+#: nested too deep"). Both decoders recurse once a level and give up near the
+#: interpreter's recursion limit with a RecursionError, which is not a verdict on the
+#: message: the watcher would restart and the message come back until its attempts
+#: ran out. Far below that limit, so that what the filters, the schema check and the
+#: event store then walk recursively stays well inside it too.
+MAX_JSON_DEPTH: Final = 128
 
 
 class BodyDecodeError(AcklaneError, ValueError):
@@ -59,15 +67,60 @@ class RawMessage:
             ) from exc
 
     def json(self) -> Any:
-        """The body decoded as JSON; raises :class:`BodyDecodeError` with the reason."""
+        """The body decoded as JSON; raises :class:`BodyDecodeError` with the reason
+        (not UTF-8, not JSON, nested deeper than :data:`MAX_JSON_DEPTH`)."""
+        body = self.body
         try:
-            return _fast_loads(self.body)
+            value = _fast_loads(body)
         except (msgspec.DecodeError, TypeError):
             pass  # not strict JSON (NaN, not UTF-8, ...) or not bytes: the stdlib decides
+        except RecursionError:
+            raise _too_deep(self) from None
+        else:
+            if len(body) <= MAX_JSON_DEPTH:  # too short to nest deeper (most bodies)
+                return value
+            return check_json_depth(self, body, value)
         try:
-            return json.loads(self.text())
+            return check_json_depth(self, body, json.loads(self.text()))
         except json.JSONDecodeError as exc:
             raise BodyDecodeError(
                 f"message {self.message_id or '?'} body is not JSON: {exc.msg} "
                 f"at line {exc.lineno} column {exc.colno}"
             ) from exc
+        except RecursionError:
+            raise _too_deep(self) from None
+
+
+def check_json_depth(message: RawMessage, data: Any, value: Any) -> Any:
+    """``value`` (``data`` decoded), or :class:`BodyDecodeError` when it nests deeper
+    than :data:`MAX_JSON_DEPTH`.
+
+    Only a body with more than that many ``[`` and ``{`` bytes can, so most bodies cost
+    a length test (or two byte counts); the rest are walked, without recursion.
+    """
+    if type(data) is bytes and (
+        len(data) <= MAX_JSON_DEPTH or data.count(b"[") + data.count(b"{") <= MAX_JSON_DEPTH
+    ):
+        return value
+    if (type(value) is list or type(value) is dict) and _depth_over(value, MAX_JSON_DEPTH):
+        raise _too_deep(message)
+    return value
+
+
+def _depth_over(value: Any, limit: int) -> bool:
+    """Whether the list or dict ``value`` nests more than ``limit`` levels deep."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if type(item) is dict else item
+        if depth > limit:
+            return True
+        stack.extend((c, depth + 1) for c in children if type(c) is dict or type(c) is list)
+    return False
+
+
+def _too_deep(message: RawMessage) -> BodyDecodeError:
+    return BodyDecodeError(
+        f"message {message.message_id or '?'} body is JSON nested deeper than "
+        f"{MAX_JSON_DEPTH} levels"
+    )

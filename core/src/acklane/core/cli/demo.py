@@ -53,6 +53,7 @@ from ..message import RawMessage
 from ..pipeline.runner import Runner, RunObserver
 from ..producer import AdvanceItem
 from ..trigger import TriggerEvent
+from ._text import cell
 
 __all__ = [
     "AUTO",
@@ -215,7 +216,7 @@ def _render(
             else "dim"
         )
         fired = ",".join(_SHORT.get(w, w) for w in row.fired) or "-"
-        table.add_row(row.label, row.body, fired, Text(row.status, style=style))
+        table.add_row(row.label, cell(row.body), fired, cell(row.status, style=style))
     ends = broker.ends
     committed = ", ".join(
         f"p{p}: {broker.last_committed.get(p, 0)}/{end}" for p, end in sorted(ends.items())
@@ -230,7 +231,7 @@ def _render(
             f"queue depth: {depth or '-'}"
         ),
     ]
-    lines += [Text(f"restart: {r}", style="yellow") for r in observer.restarts[-3:]]
+    lines += [cell(f"restart: {r}", style="yellow") for r in observer.restarts[-3:]]
     return Group(table, *lines)
 
 
@@ -523,7 +524,7 @@ async def _run(broker: DemoBroker, messages: int, console: Console) -> int:
             f"per watcher (duplicates from redeliveries dropped): {counts}"
         )
         for origin, reason in dlq:
-            console.print(f"  DLQ copy of {origin}: {reason}")
+            console.print(cell(f"  DLQ copy of {origin}: {reason}"))  # the broker's text
         if not ok:
             console.print("[red]the demo did not finish in time[/]")
             return 1

@@ -27,6 +27,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..observe.redact import redact
+from ._text import cell, shown
 
 if TYPE_CHECKING:
     from ..connectors.dlq import DeadLetter, DeadLetterReader, RedriveReport, Selection
@@ -110,7 +111,7 @@ _HOLDING = ("sqs", "pubsub")
 
 
 def _fail(message: str, code: int) -> NoReturn:
-    _err.print(Text(redact(message), style="red"))
+    _err.print(cell(redact(message), style="red", lines=True))
     raise typer.Exit(code)
 
 
@@ -174,7 +175,7 @@ def _run(reader: DeadLetterReader, stream: str, work: Callable[[], Coroutine[Any
 
 
 def _preview(body: bytes) -> str:
-    text = body.decode("utf-8", "replace").replace("\n", " ")
+    text = shown(body.decode("utf-8", "replace").replace("\n", " "))
     return text if len(text) <= _BODY_PREVIEW else text[: _BODY_PREVIEW - 3] + "..."
 
 
@@ -183,14 +184,15 @@ def _table(letters: list[DeadLetter], title: str) -> Table:
     for column in ("id", "time", "origin id", "watcher", "reason", "redrives", "body"):
         table.add_column(column, overflow="fold")
     for letter in letters:
+        # Text cells, escaped: a broker's ids, a reason and a body are anyone's text
         table.add_row(
-            letter.id,
+            cell(letter.id),
             letter.time.strftime("%Y-%m-%d %H:%M:%S") if letter.time else "-",
-            letter.origin_id or "-",
-            ", ".join(letter.watchers) or "-",
-            letter.reason or "-",
+            cell(letter.origin_id or "-"),
+            cell(", ".join(letter.watchers) or "-"),
+            cell(letter.reason or "-"),
             str(letter.redrives),
-            _preview(letter.body),
+            cell(_preview(letter.body)),
         )
     return table
 
@@ -350,7 +352,7 @@ def redrive_command(
     )
     _out.print(Text(redact(line)))
     for letter in report.skipped:
-        _out.print(Text(redact(f"skipped {letter.id}: redriven {letter.redrives} times")))
+        _out.print(cell(redact(f"skipped {letter.id}: redriven {letter.redrives} times")))
 
 
 @app.command("purge")

@@ -38,6 +38,7 @@ from ..events import (
 )
 from ..observe.redact import redact, redact_url
 from ..sql import DEFAULT_URL, async_engine
+from ._text import cell, shown
 
 __all__ = ["app"]
 
@@ -82,7 +83,7 @@ def display_url(url: str) -> str:
 
 
 def _fail(message: str) -> NoReturn:
-    _err.print(Text(redact(f"error: {message}"), style="red"), soft_wrap=True)
+    _err.print(cell(redact(f"error: {message}"), style="red", lines=True), soft_wrap=True)
     raise typer.Exit(1)
 
 
@@ -196,7 +197,8 @@ _COLUMNS: dict[str, dict[str, Any]] = {
 
 
 def _cells(event: StoredEvent) -> list[str]:
-    """An event's columns as text on one line (a tab or newline in one becomes a space)."""
+    """An event's columns as text on one line: a tab or a newline in one becomes a space,
+    any other control character an escape (ids and payloads are anyone's text)."""
     cells = [
         str(event.id),
         event.created_at.strftime("%Y-%m-%d %H:%M:%S"),
@@ -206,7 +208,7 @@ def _cells(event: StoredEvent) -> list[str]:
         str(event.position),
         json.dumps(event.payload, ensure_ascii=False),
     ]
-    return [c.replace("\t", " ").replace("\n", " ") for c in cells]
+    return [shown(c.replace("\t", " ").replace("\n", " ")) for c in cells]
 
 
 def _run(

@@ -24,6 +24,8 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
+from ._text import cell
+
 if TYPE_CHECKING:
     from ..pipeline.cases import CaseResult
 
@@ -102,7 +104,7 @@ def run_tests(
         cases = load_cases(paths, cfg)
     except ConfigError as exc:
         _err.print(Text("invalid configuration or test cases", style="bold red"))
-        _err.print(Text(str(exc)))
+        _err.print(cell(exc, lines=True))
         raise typer.Exit(2) from None
     if select:
         cases = [c for c in cases if select in c.name]
@@ -135,7 +137,7 @@ def _text_report(results: list[CaseResult], seconds: float) -> None:
         for result in failed:
             title = f" {result.case.name} "
             _out.print(Text(title.center(width, "_"), style="red"))
-            _out.print(Text(describe_failure(result)))
+            _out.print(cell(describe_failure(result), lines=True))  # payloads, errors
     parts = [f"{len(failed)} failed"] if failed else []
     parts.append(f"{len(results) - len(failed)} passed")
     summary = f" {', '.join(parts)} in {seconds:.2f}s "

@@ -24,6 +24,7 @@ from rich.text import Text
 
 from ..durations import format_duration, parse_duration
 from ..observe.redact import redact
+from ._text import cell
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -54,7 +55,7 @@ FormatOption = Annotated[Format, typer.Option("--format", help="table (default) 
 
 
 def _fail(message: str, code: int = 1) -> NoReturn:
-    _err.print(Text(redact(f"error: {message}"), style="red"), soft_wrap=True)
+    _err.print(cell(redact(f"error: {message}"), style="red", lines=True), soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -157,7 +158,7 @@ def status(config: ConfigArg, output: FormatOption = Format.table) -> None:
                 str(s.retrying),
                 Text(str(s.parked), style="yellow" if s.parked else ""),
                 _age(s.oldest_pending_at, now),
-                Text(s.owner if s.owner and _held(s.lease_until, now) else "-"),
+                cell(s.owner if s.owner and _held(s.lease_until, now) else "-"),
             )
         _out.print(table)
 
@@ -209,12 +210,12 @@ def parked(
         table.add_column("reason", overflow="fold")
         for p in rows:
             table.add_row(
-                p.delivery.event_id,
+                cell(p.delivery.event_id),
                 str(p.delivery.store_id),
-                Text(p.delivery.watcher),
+                cell(p.delivery.watcher),
                 str(p.attempts),
                 p.parked_at.strftime("%Y-%m-%d %H:%M:%S"),
-                Text(redact(p.reason or "")),
+                cell(redact(p.reason or "")),  # a service's answer, quoted: anyone's text
             )
         _out.print(table)
 

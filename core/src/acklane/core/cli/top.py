@@ -138,11 +138,13 @@ def render(url: str, sample: Sample, previous: Sample | None) -> RenderableType:
     from rich.table import Table
     from rich.text import Text
 
+    from ._text import cell
+
     where = redact_url(url)
     if sample.error is not None:
         return Group(
             Text(f"acklane top  {where}", style="bold"),
-            Text(redact(sample.error), style="red"),
+            cell(redact(sample.error), style="red"),
             Text("(trying again every refresh; Ctrl-C leaves)", style="dim"),
         )
     seconds = 0.0 if previous is None else sample.at - previous.at
@@ -165,9 +167,9 @@ def render(url: str, sample: Sample, previous: Sample | None) -> RenderableType:
         counts = sample.messages.get(name, {})
         before = None if previous is None else previous.messages.get(name, {}).get("received")
         state = sample.states.get(name, "?")
-        streams.add_row(
-            name,
-            Text(state, style=_STATE_STYLE.get(state, "")),
+        streams.add_row(  # names and states as the service answered them: anyone's text
+            cell(name),
+            cell(state, style=_STATE_STYLE.get(state, "")),
             _rate(counts.get("received", 0.0), before, seconds),
             _n(counts.get("received")),
             _n(counts.get("acked")),
@@ -183,7 +185,7 @@ def render(url: str, sample: Sample, previous: Sample | None) -> RenderableType:
         watchers.add_column(column, justify="left" if left else "right", no_wrap=left)
     for (stream, watcher), value in sorted(sample.watcher_events.items(), key=lambda i: i[0][::-1]):
         before = None if previous is None else previous.watcher_events.get((stream, watcher))
-        watchers.add_row(watcher, stream, _n(value), _rate(value, before, seconds))
+        watchers.add_row(cell(watcher), cell(stream), _n(value), _rate(value, before, seconds))
     totals = Text.assemble(
         ("totals  ", "bold"),
         f"events stored {_n(sample.persisted.get('inserted', 0.0))}",
@@ -195,7 +197,7 @@ def render(url: str, sample: Sample, previous: Sample | None) -> RenderableType:
         totals.append(f"  sinks' lag {_n(sum(sample.sink_lag.values()))}")
     parts: list[RenderableType] = [header, streams, watchers, totals]
     for problem in sample.problems:
-        parts.append(Text(f"! {redact(problem)}", style="red"))
+        parts.append(cell(f"! {redact(problem)}", style="red"))
     return Group(*parts)
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import msgspec
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE
 
-from acklane.core.message import RawMessage
+from acklane.core.message import RawMessage, check_json_depth
 
 __all__ = ["KafkaDelivery", "KafkaMessage", "id_prefix", "message_id_of"]
 
@@ -160,9 +160,9 @@ class KafkaMessage(RawMessage):
         value: bytes | None = self._message.value()
         if value is not None:
             try:
-                return _fast_loads(value)
-            except (msgspec.DecodeError, TypeError):
-                pass  # the standard library decides, and words the error
+                return check_json_depth(self, value, _fast_loads(value))
+            except (msgspec.DecodeError, TypeError, RecursionError):
+                pass  # the standard library decides, and words the error (too deep too)
         return RawMessage.json(self)
 
     @property
