@@ -8,10 +8,16 @@ obstacle and the way out, never a traceback or a flood of a client library's log
 
 from __future__ import annotations
 
+import contextlib
+import json
+import signal
 import socket
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -65,3 +71,102 @@ def test_a_kafka_emulator_already_running_is_a_port_in_use(kafka_emulator: Emula
     assert "TOPIC_ALREADY_EXISTS" not in done.stderr and "Traceback" not in done.stderr
     [line] = _error_lines(done.stderr)
     assert f"port {port} " in line and "in use" in line and "--port" in line
+
+
+# -- a Service Bus stream that reaches another AMQP server -------------------------------
+
+#: What an AMQP 0-9-1 broker (RabbitMQ) answers to a header it does not speak: its own.
+AMQP_0_9_1 = b"AMQP\x00\x00\x09\x01"
+
+
+@pytest.fixture
+def rabbit_like_port() -> Iterator[int]:
+    """A port where a server answers every AMQP header with AMQP 0-9-1's, then hangs up."""
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(0.2)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                conn.settimeout(2)
+                with contextlib.suppress(OSError):
+                    conn.recv(8)
+                    conn.sendall(AMQP_0_9_1)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield server.getsockname()[1]
+    stop.set()
+    thread.join(timeout=5)
+    server.close()
+
+
+def _servicebus_pipeline(tmp_path: Path, port: int) -> Path:
+    path = tmp_path / "pipeline.yaml"
+    document = {
+        "store": {"url": f"sqlite:///{tmp_path / 'events.db'}"},
+        "streams": {
+            "orders": {
+                "connector": "servicebus",
+                "connection_string": (
+                    f"Endpoint=sb://127.0.0.1:{port};SharedAccessKeyName=RootManageSharedAccessKey;"
+                    "SharedAccessKey=SAS_KEY_VALUE;UseDevelopmentEmulator=true;"
+                ),
+                "queue": "orders",
+            }
+        },
+        "watchers": [{"name": "audit", "stream": "orders"}],
+    }
+    path.write_text(json.dumps(document))
+    return path
+
+
+def _run_until(config: Path, needle: str, count: int, *options: str, timeout: float = 20) -> str:
+    """``acklane [options] run config`` until ``needle`` appeared ``count`` times in its
+    log (or ``timeout``), then SIGTERM; its whole log."""
+    proc = subprocess.Popen(
+        [*ACKLANE, "--log-format", "text", *options, "run", str(config)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lines: list[str] = []
+    assert proc.stderr is not None
+    reader = threading.Thread(target=lambda: lines.extend(proc.stderr or ()), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + timeout
+    while sum(needle in line for line in list(lines)) < count and time.monotonic() < deadline:
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=30)
+    reader.join(timeout=5)
+    return "".join(lines)
+
+
+def test_a_servicebus_stream_on_another_amqp_server_says_so_in_one_line(
+    tmp_path: Path, rabbit_like_port: int
+) -> None:
+    log = _run_until(_servicebus_pipeline(tmp_path, rabbit_like_port), "Restarting watchers", 2)
+    restarts = [line for line in log.splitlines() if "Restarting watchers" in line]
+    assert len(restarts) == 2, log
+    assert "Traceback" not in log and " azure." not in log, log
+    told = restarts + [line for line in log.splitlines() if "Reading the backlog" in line]
+    for line in told:
+        assert "not a Service Bus namespace" in line and "AMQP 0-9-1" in line, line
+        assert "connection_string" in line, line
+
+
+def test_the_sdks_traceback_is_there_at_debug(tmp_path: Path, rabbit_like_port: int) -> None:
+    debug = ("--log-level", "DEBUG", "--log-third-party", "DEBUG")
+    config = _servicebus_pipeline(tmp_path, rabbit_like_port)
+    log = _run_until(config, "Restarting watchers", 1, *debug)
+    sdk = [
+        line for line in log.splitlines() if " azure.servicebus." in line and "Traceback" in line
+    ]
+    assert sdk and all(" DEBUG azure.servicebus." in line for line in sdk), log
