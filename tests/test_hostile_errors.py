@@ -170,3 +170,38 @@ def test_the_sdks_traceback_is_there_at_debug(tmp_path: Path, rabbit_like_port: 
         line for line in log.splitlines() if " azure.servicebus." in line and "Traceback" in line
     ]
     assert sdk and all(" DEBUG azure.servicebus." in line for line in sdk), log
+
+
+# -- acklane publish to a Kafka nobody answers at ----------------------------------------
+
+
+def test_publish_to_an_unreachable_kafka_is_one_line_naming_the_broker(tmp_path: Path) -> None:
+    with socket.socket() as closed:  # bound, never listening: connections are refused
+        closed.bind(("127.0.0.1", 0))
+        servers = f"127.0.0.1:{closed.getsockname()[1]}"
+        config = tmp_path / "pipeline.yaml"
+        block = {
+            "connector": "kafka",
+            "bootstrap_servers": servers,
+            "topics": ["orders"],
+            "group_id": "g",
+            "dead_letter_flush_timeout": 3,
+        }
+        config.write_text(
+            json.dumps(
+                {
+                    "store": {"url": f"sqlite:///{tmp_path / 'events.db'}"},
+                    "streams": {"orders": block},
+                    "watchers": [{"name": "audit", "stream": "orders"}],
+                }
+            )
+        )
+        started = time.monotonic()
+        done = _acklane("publish", str(config), "orders", '{"id": 1}', timeout=30)
+        took = time.monotonic() - started
+    assert done.returncode == 1, done.stderr
+    lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    assert len(lines) == 1, lines
+    assert servers in lines[0] and "unreachable" in lines[0], lines[0]
+    assert "_MSG_TIMED_OUT" not in lines[0]
+    assert took < 3 + 10, took  # the stream's timeout, and the start of the process
