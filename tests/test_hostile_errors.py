@@ -16,10 +16,14 @@ import subprocess
 import sys
 import threading
 import time
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import Version
 
 from acklane.integration.emulator import Emulator, brokers
 
@@ -205,3 +209,60 @@ def test_publish_to_an_unreachable_kafka_is_one_line_naming_the_broker(tmp_path:
     assert servers in lines[0] and "unreachable" in lines[0], lines[0]
     assert "_MSG_TIMED_OUT" not in lines[0]
     assert took < 3 + 10, took  # the stream's timeout, and the start of the process
+
+
+# -- dependency floors above releases with well-known vulnerabilities -------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: Distribution -> the lowest release its floor may admit: the first without a published
+#: vulnerability (aiohttp: CVE-2026-69244 and CVE-2026-69243, request smuggling and an
+#: out-of-bounds read in its C parser, fixed in 3.14.3; protobuf: CVE-2026-0994, a JSON
+#: recursion limit bypassed, fixed in 6.33.5; grpcio: CVE-2024-7246, HPACK table
+#: poisoning, fixed in 1.65.4).
+FLOORS = {"aiohttp": "3.14.3", "protobuf": "6.33.5", "grpcio": "1.65.4"}
+
+PYPROJECTS = [
+    ROOT / "pyproject.toml",
+    ROOT / "core" / "pyproject.toml",
+    *sorted((ROOT / "connectors").glob("*/pyproject.toml")),
+    ROOT / "integration" / "pyproject.toml",
+    ROOT / "providers" / "airflow" / "pyproject.toml",
+]
+
+
+def _requirements(path: Path) -> Iterator[Requirement]:
+    project = tomllib.loads(path.read_text())["project"]
+    yield from (Requirement(text) for text in project.get("dependencies", ()))
+    for extra in project.get("optional-dependencies", {}).values():
+        yield from (Requirement(text) for text in extra)
+
+
+def _floor(requirement: Requirement) -> Version | None:
+    bounds = [
+        Version(s.version)
+        for s in requirement.specifier
+        if s.operator in (">=", ">", "==", "~=", "===")
+    ]
+    return max(bounds, default=None)
+
+
+def test_dependency_floors_admit_no_release_with_a_known_vulnerability() -> None:
+    seen: set[str] = set()
+    for path in PYPROJECTS:
+        for requirement in _requirements(path):
+            name = canonicalize_name(requirement.name)
+            if name not in FLOORS:
+                continue
+            seen.add(name)
+            floor = _floor(requirement)
+            where = f"{path.relative_to(ROOT)}: {requirement}"
+            assert floor is not None and floor >= Version(FLOORS[name]), where
+    assert seen == set(FLOORS), f"not required anywhere any more: {set(FLOORS) - seen}"
+
+
+def test_the_lock_holds_releases_above_the_floors() -> None:
+    lock = tomllib.loads((ROOT / "uv.lock").read_text())
+    locked = {canonicalize_name(p["name"]): p.get("version") for p in lock["package"]}
+    for name, floor in FLOORS.items():
+        assert Version(locked[name]) >= Version(floor), (name, locked[name])
