@@ -176,6 +176,21 @@ def test_the_sdks_traceback_is_there_at_debug(tmp_path: Path, rabbit_like_port: 
     assert sdk and all(" DEBUG azure.servicebus." in line for line in sdk), log
 
 
+@pytest.mark.parametrize(
+    "command", [["publish", "{config}", "orders", "{{}}"], ["validate", "--connect", "{config}"]]
+)
+def test_publish_and_validate_on_another_amqp_server_say_so_in_one_line(
+    command: list[str], tmp_path: Path, rabbit_like_port: int
+) -> None:
+    config = _servicebus_pipeline(tmp_path, rabbit_like_port)
+    done = _acklane(*(part.format(config=config) for part in command), timeout=30)
+    assert done.returncode != 0, done.stdout + done.stderr
+    output = done.stdout + done.stderr
+    assert "Traceback" not in output and "Mismatching" not in output, output
+    [line] = [line for line in output.splitlines() if "not a Service Bus namespace" in line]
+    assert "connection_string" in line
+
+
 # -- acklane publish to a Kafka nobody answers at ----------------------------------------
 
 

@@ -141,6 +141,8 @@ async def check_connection(config: ServiceBusConfig, call_timeout: float, client
             refused = auth_error(exc, f"entity {config.entity}")
             if refused is not None:
                 raise refused from None
+            if speaks_another_protocol(exc):
+                raise ReceiveError(NOT_SERVICE_BUS) from None
             raise
     waiting = "a message waiting" if peeked else "no message waiting"
     return f"namespace {config.namespace}: {config.entity} readable ({waiting})"
