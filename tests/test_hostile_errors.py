@@ -177,9 +177,14 @@ def test_the_sdks_traceback_is_there_at_debug(tmp_path: Path, rabbit_like_port: 
 
 
 @pytest.mark.parametrize(
-    "command", [["publish", "{config}", "orders", "{{}}"], ["validate", "--connect", "{config}"]]
+    "command",
+    [
+        ["publish", "{config}", "orders", "{{}}"],
+        ["validate", "--connect", "{config}"],
+        ["dlq", "list", "{config}", "orders"],
+    ],
 )
-def test_publish_and_validate_on_another_amqp_server_say_so_in_one_line(
+def test_the_other_commands_on_another_amqp_server_say_so_in_one_line(
     command: list[str], tmp_path: Path, rabbit_like_port: int
 ) -> None:
     config = _servicebus_pipeline(tmp_path, rabbit_like_port)

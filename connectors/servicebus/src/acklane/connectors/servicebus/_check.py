@@ -9,6 +9,8 @@ message: peeking locks nothing and settles nothing (no delivery count changes).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from azure.servicebus.exceptions import (
@@ -19,7 +21,7 @@ from azure.servicebus.exceptions import (
 )
 
 from acklane.core.connectors import ErrorMap
-from acklane.core.errors import BrokerAuthError, BrokerUnreachable, ReceiveError
+from acklane.core.errors import BrokerAuthError, BrokerUnreachable, ConnectorError, ReceiveError
 
 from ._config import ServiceBusConfig
 
@@ -31,6 +33,7 @@ __all__ = [
     "auth_error",
     "check_connection",
     "speaks_another_protocol",
+    "told_plainly",
 ]
 
 #: The namespace does not answer (the SDK retried already).
@@ -61,6 +64,18 @@ def _causes(exc: BaseException) -> list[BaseException]:
 def speaks_another_protocol(exc: BaseException) -> bool:
     """Whether ``exc`` says the server is no AMQP 1.0 server (RabbitMQ's 0-9-1, say)."""
     return any(_HEADER_MISMATCH in str(e) for e in _causes(exc))
+
+
+@contextmanager
+def told_plainly() -> Iterator[None]:
+    """Raise a server that speaks another protocol as :data:`NOT_SERVICE_BUS` (a
+    :class:`~acklane.core.errors.ConnectorError`), the SDK's error as its cause."""
+    try:
+        yield
+    except Exception as exc:
+        if speaks_another_protocol(exc):
+            raise ConnectorError(NOT_SERVICE_BUS) from exc
+        raise
 
 
 def _text(exc: BaseException) -> str:
