@@ -15,6 +15,7 @@ installed is refused before anything is imported, with what to install.
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import subprocess
@@ -44,6 +45,7 @@ __all__ = [
     "free_port",
     "install_hint",
     "missing_requirements",
+    "require_free_port",
     "require_installed",
     "wait_for_port",
 ]
@@ -273,6 +275,31 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
+
+
+def require_free_port(host: str, port: int) -> None:
+    """:class:`EmulatorError` naming ``port`` and ``--port`` if nothing can listen there.
+
+    Checked before an emulator is started on a port it was given: else the process
+    dies with its own traceback (a bind error), or, worse, the check that it answers
+    reaches whatever already listens there (another Kafka broker) and the emulator
+    seems to start. ``SO_REUSEADDR`` as servers set it, so a port that only has
+    connections closing (TIME_WAIT) is not reported as taken.
+    """
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host.strip("[]"), port))
+        except OSError as exc:
+            reason = (
+                "is in use by another process"
+                if exc.errno == errno.EADDRINUSE
+                else f"cannot be listened on ({exc.strerror or exc})"
+            )
+            raise EmulatorError(
+                f"port {port} on {host} {reason}: stop what listens there, "
+                "or pick another port with --port"
+            ) from None
 
 
 def wait_for_port(host: str, port: int, timeout: float) -> None:

@@ -31,7 +31,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, Any, ClassVar
 
-from .emulator import Emulator, EmulatorError, free_port, wait_for_port
+from .emulator import Emulator, EmulatorError, free_port, require_free_port, wait_for_port
 
 __all__ = [
     "DOCKER",
@@ -218,6 +218,8 @@ class TansuEmulator(Emulator):
             return
         binary = self.binary or tansu_binary()
         fixed_port = self.port is not None
+        if self.port is not None:
+            require_free_port(self.host, self.port)
         for attempt in range(3):
             port = self.port if fixed_port else free_port()
             assert port is not None

@@ -86,7 +86,14 @@ from ._avro_compat import parse as parse_avro
 from ._json_compat import incompatibilities as json_incompatibilities
 from ._protobuf_compat import incompatibilities as protobuf_incompatibilities
 from ._protobuf_compat import parse as parse_protobuf
-from .emulator import Emulator, EmulatorError, LocalProcessEmulator, free_port, wait_for_port
+from .emulator import (
+    Emulator,
+    EmulatorError,
+    LocalProcessEmulator,
+    free_port,
+    require_free_port,
+    wait_for_port,
+)
 
 __all__ = [
     "DOCKER",
@@ -746,6 +753,8 @@ class LocalSchemaRegistry(LocalProcessEmulator):
     def start(self) -> None:
         if self._process is not None:
             return
+        if self.port is not None:
+            require_free_port(self.host, self.port)
         self.port = self.port or free_port()
         command = [sys.executable, "-m", "acklane.integration.schema_registry"]
         command += ["--host", self.host, "--port", str(self.port)]

@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, ClassVar
 
-from .emulator import Emulator, EmulatorError, LocalProcessEmulator, free_port
+from .emulator import Emulator, EmulatorError, LocalProcessEmulator, free_port, require_free_port
 
 __all__ = ["DOCKER", "LOCAL", "LocalStackSqs", "MotoSqs", "SqsQueues", "sqs_client"]
 
@@ -111,6 +111,8 @@ class MotoSqs(LocalProcessEmulator):
     def start(self) -> None:
         if self._process is not None:
             return
+        if self.port is not None:
+            require_free_port(self.host, self.port)
         self.port = self.port or free_port()
         self._launch(
             [sys.executable, "-m", "moto.server", "-H", self.host, "-p", str(self.port)],

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from datetime import timedelta
 from typing import Any, ClassVar
 
-from ..emulator import Emulator, EmulatorError, LocalProcessEmulator, free_port
+from ..emulator import Emulator, EmulatorError, LocalProcessEmulator, free_port, require_free_port
 from ._server import INSPECT_STATS, RELAXED_ENV, PubSubServer, PubSubState, ServerThread
 
 __all__ = [
@@ -161,6 +161,8 @@ class PubSubEmulator(LocalProcessEmulator):
     def start(self) -> None:
         if self._process is not None:
             return
+        if self.port is not None:
+            require_free_port(self.host, self.port)
         self.port = self.port or free_port()
         command = [sys.executable, "-m", "acklane.integration.pubsub"]
         command += ["--host", self.host, "--port", str(self.port)]

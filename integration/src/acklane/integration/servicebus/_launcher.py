@@ -21,7 +21,14 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ..emulator import Emulator, EmulatorError, LocalProcessEmulator, free_port, wait_for_port
+from ..emulator import (
+    Emulator,
+    EmulatorError,
+    LocalProcessEmulator,
+    free_port,
+    require_free_port,
+    wait_for_port,
+)
 from ._server import DEFAULT_KEY, DEFAULT_KEY_NAME
 
 __all__ = [
@@ -92,6 +99,8 @@ class ServiceBusEmulator(LocalProcessEmulator):
     def start(self) -> None:
         if self._process is not None:
             return
+        if self.port is not None:
+            require_free_port(self.host, self.port)
         self.port = self.port or free_port()
         self.admin_port = free_port()
         self._log = tempfile.NamedTemporaryFile(prefix="acklane-sb-", suffix=".log", delete=False)  # noqa: SIM115

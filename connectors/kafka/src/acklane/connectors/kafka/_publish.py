@@ -15,13 +15,20 @@ from acklane.core.connectors import (
 )
 
 from ._config import KafkaConfig
+from ._health import QuietClientLog
 
 __all__ = ["KafkaPublisher"]
 
-_client_log = logging.getLogger("acklane.connectors.kafka.librdkafka")
+#: librdkafka's failure lines at DEBUG: ``error_cb`` reports each failure, and the
+#: publisher tells the outcome in one line (a broker that does not answer made a
+#: line every 50 ms until the records timed out).
+_client_log = QuietClientLog(logging.getLogger("acklane.connectors.kafka.librdkafka"))
 
 #: librdkafka errors after which waiting longer cannot help.
 _FATAL_CODES = ("_AUTHENTICATION", "SASL_AUTHENTICATION_FAILED", "TOPIC_AUTHORIZATION_FAILED")
+
+#: librdkafka errors that say a broker did not answer (it retries on its own).
+_UNREACHABLE_CODES = ("_TRANSPORT", "_RESOLVE", "_TIMED_OUT", "_ALL_BROKERS_DOWN")
 
 
 def publish_topic(config: KafkaConfig, destination: str | None) -> str:
@@ -53,6 +60,8 @@ class KafkaPublisher(Publisher):
         self.topic = topic
         self._producer: Any = None
         self._fatal: str | None = None
+        #: Why a broker did not answer (librdkafka's words, which name it), if one did not.
+        self._unreachable: str | None = None
         # value_format/key_format framed for a Schema Registry: the schemas to encode with
         self._schemas: tuple[str | None, str | None] = (None, None)
         self._encoder: Any = None
@@ -72,6 +81,24 @@ class KafkaPublisher(Publisher):
     def _on_error(self, error: Any) -> None:
         if error.fatal() or error.name() in _FATAL_CODES:
             self._fatal = f"{error.name()}: {error.str()}"
+        elif error.name() in _UNREACHABLE_CODES and error.name() != "_ALL_BROKERS_DOWN":
+            self._unreachable = error.str()  # the last broker's failure, which names it
+        elif error.name() == "_ALL_BROKERS_DOWN" and self._unreachable is None:
+            self._unreachable = error.str()
+
+    def _not_confirmed(self, count: int) -> PublishError:
+        """The error for ``count`` records the broker did not confirm in time: the
+        broker that did not answer, when one did not."""
+        waited = f"{self.config.dead_letter_flush_timeout:g}s (dead_letter_flush_timeout)"
+        if self._unreachable is not None:
+            return PublishError(
+                f"{self.destination}: broker unreachable ({self._unreachable}); "
+                f"{count} record(s) not confirmed within {waited}"
+            )
+        return PublishError(
+            f"{self.destination}: {count} record(s) not confirmed within {waited}; "
+            "is the broker up?"
+        )
 
     def _make_producer(self) -> Any:
         from confluent_kafka import Producer
@@ -90,10 +117,16 @@ class KafkaPublisher(Publisher):
             self._producer = self._make_producer()
         producer = self._producer
         failures: list[str] = []
+        timed_out = 0
 
         def delivered(error: Any, _record: Any) -> None:
-            if error is not None:
-                failures.append(f"{error.name()}: {error.str()}")
+            nonlocal timed_out
+            if error is None:
+                self._unreachable = None  # the broker answers (again)
+                return
+            if error.name() == "_MSG_TIMED_OUT":
+                timed_out += 1
+            failures.append(f"{error.name()}: {error.str()}")
 
         if self._encoder is None and self.config.decodes():
             from ._formats import Encoder
@@ -131,16 +164,12 @@ class KafkaPublisher(Publisher):
         remaining = producer.flush(self.config.dead_letter_flush_timeout + 5)
         if self._fatal is not None:
             raise PublishError(f"{self.destination}: {self._fatal}")
-        if failures:
+        if failures and timed_out < len(failures):
             raise PublishError(
                 f"{self.destination}: {len(failures)} record(s) refused, the first: {failures[0]}"
             )
-        if remaining:
-            raise PublishError(
-                f"{self.destination}: {remaining} record(s) not confirmed within "
-                f"{self.config.dead_letter_flush_timeout:g}s (dead_letter_flush_timeout); "
-                "is the broker up?"
-            )
+        if failures or remaining:
+            raise self._not_confirmed(len(failures) + remaining)
 
     async def send(self, messages: Sequence[OutgoingMessage]) -> None:
         await asyncio.to_thread(self._send, messages)

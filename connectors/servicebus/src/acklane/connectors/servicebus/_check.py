@@ -9,6 +9,8 @@ message: peeking locks nothing and settles nothing (no delivery count changes).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from azure.servicebus.exceptions import (
@@ -19,17 +21,66 @@ from azure.servicebus.exceptions import (
 )
 
 from acklane.core.connectors import ErrorMap
-from acklane.core.errors import BrokerAuthError, BrokerUnreachable, ReceiveError
+from acklane.core.errors import BrokerAuthError, BrokerUnreachable, ConnectorError, ReceiveError
 
 from ._config import ServiceBusConfig
 
-__all__ = ["ERRORS", "UNREACHABLE", "ServiceBusErrors", "auth_error", "check_connection"]
+__all__ = [
+    "ERRORS",
+    "NOT_SERVICE_BUS",
+    "UNREACHABLE",
+    "ServiceBusErrors",
+    "auth_error",
+    "check_connection",
+    "speaks_another_protocol",
+    "told_plainly",
+]
 
 #: The namespace does not answer (the SDK retried already).
 UNREACHABLE = (ServiceBusConnectionError,)
 
 
+#: What the SDK says when the server answers its AMQP 1.0 header with another protocol's.
+_HEADER_MISMATCH = "Mismatching AMQP header protocol"
+
+#: Said instead: the SDK's own words name neither the server nor what it answered.
+NOT_SERVICE_BUS = (
+    "the server is not a Service Bus namespace: it answered the AMQP 1.0 header with "
+    "another protocol's (an AMQP 0-9-1 broker such as RabbitMQ on that port?); check the "
+    "stream's connection_string or fully_qualified_namespace"
+)
+
+
+def _causes(exc: BaseException) -> list[BaseException]:
+    """``exc`` and the errors it was raised from (or while handling), each once."""
+    chain: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and all(current is not seen for seen in chain):
+        chain.append(current)
+        current = current.__cause__ or current.__context__
+    return chain
+
+
+def speaks_another_protocol(exc: BaseException) -> bool:
+    """Whether ``exc`` says the server is no AMQP 1.0 server (RabbitMQ's 0-9-1, say)."""
+    return any(_HEADER_MISMATCH in str(e) for e in _causes(exc))
+
+
+@contextmanager
+def told_plainly() -> Iterator[None]:
+    """Raise a server that speaks another protocol as :data:`NOT_SERVICE_BUS` (a
+    :class:`~acklane.core.errors.ConnectorError`), the SDK's error as its cause."""
+    try:
+        yield
+    except Exception as exc:
+        if speaks_another_protocol(exc):
+            raise ConnectorError(NOT_SERVICE_BUS) from exc
+        raise
+
+
 def _text(exc: BaseException) -> str:
+    if speaks_another_protocol(exc):
+        return NOT_SERVICE_BUS
     return " ".join(str(exc).split()) or type(exc).__name__
 
 
@@ -105,6 +156,8 @@ async def check_connection(config: ServiceBusConfig, call_timeout: float, client
             refused = auth_error(exc, f"entity {config.entity}")
             if refused is not None:
                 raise refused from None
+            if speaks_another_protocol(exc):
+                raise ReceiveError(NOT_SERVICE_BUS) from None
             raise
     waiting = "a message waiting" if peeked else "no message waiting"
     return f"namespace {config.namespace}: {config.entity} readable ({waiting})"

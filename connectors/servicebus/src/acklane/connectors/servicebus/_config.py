@@ -10,6 +10,8 @@ from pydantic import ConfigDict, Field, SecretStr, field_validator, model_valida
 
 from acklane.core.connectors import HeartbeatSettings, StreamSettings
 
+from ._sdk_logs import quiet_sdk_tracebacks
+
 if TYPE_CHECKING:
     from azure.servicebus.aio import ServiceBusClient
 
@@ -141,6 +143,7 @@ class ServiceBusConfig(StreamSettings):
         """
         from azure.servicebus.aio import ServiceBusClient
 
+        quiet_sdk_tracebacks()  # each fault is told once, by the connector
         options = dict(self.client_options)
         if self.connection_string is not None:
             return ServiceBusClient.from_connection_string(

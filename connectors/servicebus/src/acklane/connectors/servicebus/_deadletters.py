@@ -29,6 +29,7 @@ from acklane.core.connectors.dlq import (
 )
 from acklane.core.errors import ConnectorError
 
+from ._check import told_plainly
 from ._config import ServiceBusConfig
 from ._message import _body, _text, identity_of
 from ._opening import open_promptly
@@ -106,9 +107,10 @@ class ServiceBusDeadLetterReader(DeadLetterReader):
 
     async def browse(self, limit: int) -> list[DeadLetter]:
         receiver = self._open()
-        messages = await receiver.peek_messages(
-            max_message_count=limit, sequence_number=self._next_peek or 0
-        )
+        with told_plainly():
+            messages = await receiver.peek_messages(
+                max_message_count=limit, sequence_number=self._next_peek or 0
+            )
         out = []
         for message in messages:
             letter = self._letter(message)
@@ -123,7 +125,8 @@ class ServiceBusDeadLetterReader(DeadLetterReader):
         if self._drained:
             return []
         receiver = self._open()
-        messages = await receiver.receive_messages(max_message_count=limit, max_wait_time=WAIT)
+        with told_plainly():
+            messages = await receiver.receive_messages(max_message_count=limit, max_wait_time=WAIT)
         if not messages:
             self._drained = True
         out: list[DeadLetter] = []

@@ -24,8 +24,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Final
 
+from acklane.core.errors import ReceiveError
 from acklane.core.observe.lag import Backlog, BacklogProbe
 
+from ._check import NOT_SERVICE_BUS, speaks_another_protocol
 from ._config import ServiceBusConfig
 
 __all__ = ["LIMIT", "PAGE", "ServiceBusBacklogProbe"]
@@ -48,8 +50,13 @@ class ServiceBusBacklogProbe(BacklogProbe):
     async def read(self) -> Sequence[Backlog]:
         if self._client is None:
             self._client = self.config.make_client()
-        messages = await self._count(None)
-        dead = await self._count("deadletter")
+        try:
+            messages = await self._count(None)
+            dead = await self._count("deadletter")
+        except Exception as exc:
+            if speaks_another_protocol(exc):  # the SDK's words would name neither
+                raise ReceiveError(f"Service Bus {self.config.entity}: {NOT_SERVICE_BUS}") from exc
+            raise
         states = (("messages", float(messages)), ("dead_letter", float(dead)))
         return [Backlog(self.config.entity, float(messages), states)]
 

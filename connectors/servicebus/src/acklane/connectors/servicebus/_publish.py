@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 
 from acklane.core.connectors import OutgoingMessage, Publisher, PublishError
 
+from ._check import NOT_SERVICE_BUS, speaks_another_protocol
 from ._config import ServiceBusConfig
 
 __all__ = ["ServiceBusPublisher"]
@@ -75,6 +76,8 @@ class ServiceBusPublisher(Publisher):
             if len(batch):
                 await sender.send_messages(batch)
         except (ServiceBusError, ValueError) as exc:
+            if speaks_another_protocol(exc):  # the SDK's words would name neither
+                raise PublishError(f"{self.destination}: {NOT_SERVICE_BUS}") from exc
             raise PublishError(f"{self.destination}: {type(exc).__name__}: {exc}") from exc
 
     async def aclose(self) -> None:
