@@ -25,6 +25,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import REGISTRY, Collector, CollectorRegistry
 
+from .redact import redact
+
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
@@ -47,6 +49,18 @@ class EngineCollector(Collector):
         self.runner = runner
 
     def collect(self) -> Iterator[Metric]:
+        """Every family with its label values redacted as log lines are: a label names a
+        stream by its key, which holds what its connector connects to (an SQS queue URL
+        with a password in it), and a scrape is output like any other."""
+        redacted: dict[str, str] = {}
+        for metric in self._collect():
+            metric.samples = [
+                sample._replace(labels=_redact_labels(sample.labels, redacted))
+                for sample in metric.samples
+            ]
+            yield metric
+
+    def _collect(self) -> Iterator[Metric]:
         manager = self.runner.manager
         broadcast = CounterMetricFamily(
             "acklane_events_broadcast", "Raw events broadcast per group", labels=["key"]
@@ -114,6 +128,18 @@ class EngineCollector(Collector):
             persisted.add_metric(["inserted"], store.stats.inserted)
             persisted.add_metric(["duplicate"], store.stats.duplicates)
             yield persisted
+
+
+def _redact_labels(labels: dict[str, str], seen: dict[str, str]) -> dict[str, str]:
+    """``labels`` with each value redacted (``seen``: the values this scrape redacted
+    already, as most label values repeat across families)."""
+    out = {}
+    for name, value in labels.items():
+        shown = seen.get(value)
+        if shown is None:
+            shown = seen[value] = redact(value)
+        out[name] = shown
+    return out
 
 
 def _poison_metrics(runner: Runner) -> Iterator[Metric]:

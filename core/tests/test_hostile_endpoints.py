@@ -1,0 +1,178 @@
+"""acklane's own HTTP endpoints and what leaves the process by observation, against
+hostile or careless input: slow clients of /healthz, secrets in metric labels, in
+dead-letter reasons and in span attributes, a busy metrics port.
+
+Real parts throughout: the metrics server on a real socket, raw TCP clients, the
+memory broker (its dead-letter copies carry the same header every connector builds,
+:func:`acklane.core.connectors.deadletter.outcome_reason`), SQLite, and the
+OpenTelemetry SDK's in-memory exporter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import textwrap
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from prometheus_client import CollectorRegistry
+from runner_harness import all_committed, run_until
+
+from acklane.connectors.memory import MemoryBroker
+from acklane.core import RawMessage, reject_shared_stream_event
+from acklane.core.config import TracingSettings, parse_config
+from acklane.core.connectors.deadletter import REJECT_REASON
+from acklane.core.observe import tracing
+from acklane.core.observe.metrics import start_metrics_server
+from acklane.core.observe.redact import forget_all, remember
+from acklane.core.pipeline import runner as runner_module
+from acklane.core.pipeline.runner import Runner
+
+#: A secret registered the way loading a configuration registers one.
+REGISTERED = "tok-registered-8f2c1d77"
+#: The password of a connection URL no configuration named (a credential shape).
+URL_PASSWORD = "pw-in-url-3b7e90"
+LEAKY_URL = f"postgresql://app:{URL_PASSWORD}@db.internal:5432/orders"
+
+
+@pytest.fixture(autouse=True)
+def _clean() -> Iterator[None]:
+    yield
+    tracing.install(None)
+    forget_all()
+
+
+@pytest.fixture
+def broker() -> Iterator[MemoryBroker]:
+    name = f"hostile-{uuid.uuid4().hex[:8]}"
+    b = MemoryBroker.get(name)
+    b.create_topic("orders", 1)
+    yield b
+    MemoryBroker.remove(name)
+
+
+def leaky(message: RawMessage) -> Any:
+    """A filter whose errors and reasons quote what they should not
+    (``test_hostile_endpoints:leaky``): ``raise`` fails, ``reject`` rejects."""
+    body = message.json()
+    if body.get("raise"):
+        raise ConnectionError(f"cannot reach {LEAKY_URL} with token {REGISTERED}")
+    if body.get("reject"):
+        reject_shared_stream_event(f"lookup at {LEAKY_URL} refused token={REGISTERED}")
+    return {"id": body["id"]}
+
+
+def _pipeline(db: Path, broker: str, *, extra: str = "") -> Any:
+    text = textwrap.dedent(
+        f"""\
+        engine:
+          restart_backoff_initial: 0.02
+          restart_backoff_max: 0.1
+          shutdown_timeout: 5
+          progress_interval: 0
+        store: {{url: "sqlite:///{db}", retention: null}}
+        streams:
+          orders:
+            connector: memory
+            broker: {json.dumps(broker)}
+            topics: [orders]
+            group_id: g
+            partitions: 1
+            dead_letter: orders.dlq
+            poll_interval: 0.02
+            max_attempts: 1
+        watchers:
+          - {{name: w, stream: orders, filter: {{function: "test_hostile_endpoints:leaky"}}}}
+        """
+    )
+    return parse_config(text + textwrap.dedent(extra), source="hostile.yaml")
+
+
+def _in_memory_spans(monkeypatch: pytest.MonkeyPatch) -> InMemorySpanExporter:
+    """The runner's tracer exports to the SDK's in-memory exporter."""
+    exporter = InMemorySpanExporter()
+    real = tracing.start_tracing
+
+    def start(settings: TracingSettings | None, env: Any = None, **_: Any) -> Any:
+        return real(settings, env, exporter=exporter)
+
+    monkeypatch.setattr(runner_module, "start_tracing", start)
+    return exporter
+
+
+def _get(url: str, timeout: float = 10) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+# -- reject and poison reasons: dead-letter headers and span attributes
+
+
+async def test_reject_and_poison_reasons_leave_the_process_redacted(
+    tmp_path: Path, broker: MemoryBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    exporter = _in_memory_spans(monkeypatch)
+    remember([REGISTERED])
+    broker.publish("orders", b'{"id": 1, "raise": true}', partition=0)
+    broker.publish("orders", b'{"id": 2, "reject": true}', partition=0)
+    broker.publish("orders", b'{"id": 3}', partition=0)
+    cfg = _pipeline(tmp_path / "e.db", broker.name, extra="tracing: {enabled: true}\n")
+    runner = Runner(cfg, handle_signals=False)
+    await run_until(runner, lambda: all_committed(broker))
+
+    poison, rejected = broker.records("orders.dlq")
+    reasons = [poison.headers[REJECT_REASON], rejected.headers[REJECT_REASON]]
+    assert reasons[0].startswith("poison: failed 1 time; last error: watcher w: ConnectionError")
+    assert "lookup at postgresql://app:***@db.internal:5432/orders" in reasons[1]
+    exported = [
+        str(value)
+        for span in exporter.get_finished_spans()
+        for attrs in [span.attributes or {}, *(e.attributes or {} for e in span.events)]
+        for name, value in attrs.items()
+        if name == "acklane.reason"
+    ]
+    assert len(exported) >= 2, exported  # the rejected message's span and its event
+    for text in reasons + exported:
+        assert REGISTERED not in text and URL_PASSWORD not in text, text
+        assert "***" in text
+
+
+# -- /metrics labels
+
+
+async def test_metric_labels_are_redacted_as_logs_are(tmp_path: Path) -> None:
+    # a stream whose broker is named by a URL with a password: the password is in the
+    # stream's key, which labels every per-group series
+    name = f"memory://app:{URL_PASSWORD}@h-{uuid.uuid4().hex[:8]}"
+    broker = MemoryBroker.get(name)
+    broker.create_topic("orders", 1)
+    try:
+        broker.publish("orders", b'{"id": 1}', partition=0)
+        runner = Runner(_pipeline(tmp_path / "e.db", name), handle_signals=False)
+        server = start_metrics_server(0, runner, CollectorRegistry(), addr="127.0.0.1")
+        task = asyncio.create_task(runner.run())
+        try:
+            async with asyncio.timeout(15):
+                while not all_committed(broker):
+                    await asyncio.sleep(0.02)
+            status, body = await asyncio.to_thread(_get, f"http://127.0.0.1:{server.port}/metrics")
+        finally:
+            runner.request_stop()
+            await task
+            server.close()
+    finally:
+        MemoryBroker.remove(name)
+    assert status == 200
+    assert "acklane_events_broadcast_total{" in body
+    assert URL_PASSWORD not in body
+    assert "memory://app:***@h-" in body
