@@ -11,7 +11,11 @@ OpenTelemetry SDK's in-memory exporter.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import socket
+import subprocess
+import sys
 import textwrap
 import urllib.error
 import urllib.request
@@ -27,8 +31,9 @@ from runner_harness import all_committed, run_until
 
 from acklane.connectors.memory import MemoryBroker
 from acklane.core import RawMessage, reject_shared_stream_event
-from acklane.core.config import TracingSettings, parse_config
+from acklane.core.config import MetricsSettings, TracingSettings, parse_config
 from acklane.core.connectors.deadletter import REJECT_REASON
+from acklane.core.observe import metrics as metrics_module
 from acklane.core.observe import tracing
 from acklane.core.observe.metrics import start_metrics_server
 from acklane.core.observe.redact import forget_all, remember
@@ -176,3 +181,98 @@ async def test_metric_labels_are_redacted_as_logs_are(tmp_path: Path) -> None:
     assert "acklane_events_broadcast_total{" in body
     assert URL_PASSWORD not in body
     assert "memory://app:***@h-" in body
+
+
+# -- slow clients of the endpoints
+
+#: What a slow or hostile client sends: a request without the blank line that ends it.
+HALF_REQUEST = b"GET /healthz HTTP/1.1\r\nHost: acklane\r\n"
+
+
+def _bare_runner(db: Path, broker: str) -> Runner:
+    """A runner that is not started: its probes answer (alive, not ready) all the same."""
+    return Runner(_pipeline(db, broker), handle_signals=False)
+
+
+def _slow_clients(port: int, count: int) -> list[socket.socket]:
+    clients = []
+    for _ in range(count):
+        client = socket.create_connection(("127.0.0.1", port), timeout=10)
+        client.sendall(HALF_REQUEST)
+        clients.append(client)
+    return clients
+
+
+async def test_healthz_answers_beside_1000_slow_clients_and_a_half_request_is_dropped(
+    tmp_path: Path, broker: MemoryBroker
+) -> None:
+    server = start_metrics_server(
+        0, _bare_runner(tmp_path / "e.db", broker.name), CollectorRegistry()
+    )
+    clients: list[socket.socket] = []
+    try:
+        # this host only, unless the configuration's metrics.host says otherwise
+        assert server.host == "127.0.0.1"
+        assert MetricsSettings(port=9464).host == server.host
+        clients = await asyncio.to_thread(_slow_clients, server.port, 1000)
+        async with asyncio.timeout(5):
+            status, body = await asyncio.to_thread(
+                _get, f"http://127.0.0.1:{server.port}/healthz", 5
+            )
+        assert status == 200 and json.loads(body)["status"] == "alive"
+        # the first slow client is dropped once its few seconds to send a request are up
+        first = clients[0]
+        first.settimeout(metrics_module.REQUEST_TIMEOUT + 5)
+        with contextlib.suppress(ConnectionResetError):  # dropped with a reset: an abort
+            assert first.recv(1) == b""
+    finally:
+        for client in clients:
+            client.close()
+        server.close()
+
+
+SERVE_WITH_FEW_DESCRIPTORS = """\
+import resource, sys
+from prometheus_client import CollectorRegistry
+from acklane.core.config import parse_config
+from acklane.core.observe import metrics as metrics_module
+from acklane.core.observe.metrics import start_metrics_server
+from acklane.core.pipeline.runner import Runner
+
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+cfg = parse_config(sys.argv[1], source="few.yaml")
+server = start_metrics_server(0, Runner(cfg, handle_signals=False), CollectorRegistry())
+print(server.port, server.limit, flush=True)
+sys.stdin.read()
+server.close()
+"""
+
+
+def test_healthz_answers_behind_1000_slow_clients_with_256_file_descriptors(
+    tmp_path: Path, broker: MemoryBroker
+) -> None:
+    text = textwrap.dedent(
+        f"""\
+        store: {{url: "sqlite:///{tmp_path / "e.db"}"}}
+        streams: {{orders: {{connector: memory, broker: {broker.name}, topics: [orders]}}}}
+        watchers: [{{name: w, stream: orders, filter: {{emit: {{id: body.id}}}}}}]
+        """
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SERVE_WITH_FEW_DESCRIPTORS, text],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    clients: list[socket.socket] = []
+    try:
+        assert proc.stdout is not None
+        port, limit = map(int, proc.stdout.readline().split())
+        assert limit == 64  # a quarter of the descriptors: the rest stay the engine's
+        clients = _slow_clients(port, 1000)
+        status, body = _get(f"http://127.0.0.1:{port}/healthz", 5)
+        assert status == 200 and json.loads(body)["status"] == "alive"
+    finally:
+        for client in clients:
+            client.close()
+        proc.communicate(timeout=30)
