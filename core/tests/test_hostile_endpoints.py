@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -31,7 +32,7 @@ from runner_harness import all_committed, run_until
 
 from acklane.connectors.memory import MemoryBroker
 from acklane.core import RawMessage, reject_shared_stream_event
-from acklane.core.config import MetricsSettings, TracingSettings, parse_config
+from acklane.core.config import ConfigError, MetricsSettings, TracingSettings, parse_config
 from acklane.core.connectors.deadletter import REJECT_REASON
 from acklane.core.observe import metrics as metrics_module
 from acklane.core.observe import tracing
@@ -276,3 +277,68 @@ def test_healthz_answers_behind_1000_slow_clients_with_256_file_descriptors(
         for client in clients:
             client.close()
         proc.communicate(timeout=30)
+
+
+# -- metrics.port: busy, or left to a variable
+
+
+def test_a_busy_metrics_port_stops_acklane_run_with_one_line_naming_port_and_setting(
+    tmp_path: Path, broker: MemoryBroker
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        cfg = tmp_path / "pipeline.yaml"
+        cfg.write_text(
+            textwrap.dedent(
+                f"""\
+                store: {{url: "sqlite:///{tmp_path / "e.db"}"}}
+                metrics: {{port: {port}}}
+                streams: {{orders: {{connector: memory, broker: {broker.name}, topics: [orders]}}}}
+                watchers: [{{name: w, stream: orders}}]
+                """
+            )
+        )
+        proc = subprocess.run(
+            [sys.executable, "-m", "acklane.core.cli", "run", str(cfg)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "ACKLANE_LOG_FORMAT": "text", "COLUMNS": "200"},
+        )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    (line,) = [line for line in out.splitlines() if " ERROR " in line]
+    assert f"metrics.port {port}: cannot listen on 127.0.0.1:{port}" in line
+    assert "Address already in use" in line
+    assert "Traceback" not in out
+
+
+def test_an_empty_or_null_variable_leaves_an_optional_setting_off() -> None:
+    text = textwrap.dedent(
+        """\
+        metrics:
+          port: ${METRICS_PORT:-null}
+          host: ${METRICS_HOST:-127.0.0.1}
+        streams:
+          orders:
+            connector: memory
+            topics: [orders]
+            dead_letter: ${DLQ:-}
+        watchers: [{name: w, stream: orders}]
+        """
+    )
+
+    def load(**env: str) -> Any:
+        return parse_config(text, source="m.yaml", env=env)
+
+    assert load().metrics.port is None  # the default names YAML's null: no endpoints
+    assert load(METRICS_PORT="").metrics.port is None  # set but empty: the same
+    assert load(METRICS_PORT="~").metrics.port is None
+    assert load(METRICS_PORT="9464", METRICS_HOST="0.0.0.0").metrics.port == 9464
+    assert load().streams["orders"].config.dead_letter is None
+    # quoted, the value is the text itself, as YAML reads "null"
+    with pytest.raises(ConfigError) as caught:
+        parse_config(text.replace("${METRICS_PORT:-null}", '"${METRICS_PORT:-null}"'), env={})
+    assert "metrics.port" in str(caught.value)

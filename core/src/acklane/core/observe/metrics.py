@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import threading
 from collections.abc import Hashable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -525,7 +526,7 @@ def start_metrics_server(
         server = started.result()
     except OSError as exc:
         thread.join()
-        why = exc.strerror or str(exc)
+        why = os.strerror(exc.errno) if exc.errno else str(exc)
         raise MetricsPortUnavailable(
             f"metrics.port {port}: cannot listen on {addr}:{port}: {why} (set metrics.port "
             "to a free port, or to null to serve no metrics)"
