@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import socket
 import subprocess
@@ -342,3 +343,25 @@ def test_an_empty_or_null_variable_leaves_an_optional_setting_off() -> None:
     with pytest.raises(ConfigError) as caught:
         parse_config(text.replace("${METRICS_PORT:-null}", '"${METRICS_PORT:-null}"'), env={})
     assert "metrics.port" in str(caught.value)
+
+
+async def test_a_malformed_request_gets_400_and_is_no_error_in_the_log(
+    tmp_path: Path, broker: MemoryBroker, caplog: pytest.LogCaptureFixture
+) -> None:
+    server = start_metrics_server(
+        0, _bare_runner(tmp_path / "e.db", broker.name), CollectorRegistry()
+    )
+
+    def send(data: bytes) -> bytes:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=5) as client:
+            client.sendall(data)
+            return client.recv(4096)
+
+    try:
+        caplog.set_level(logging.INFO)
+        tls_hello = await asyncio.to_thread(send, b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\r\n\r\n")
+        overlong = await asyncio.to_thread(send, b"GET /" + b"a" * 20_000 + b" HTTP/1.1\r\n\r\n")
+    finally:
+        server.close()
+    assert tls_hello.startswith(b"HTTP/1.0 400") and overlong.startswith(b"HTTP/1.0 400")
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.records

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import threading
 from collections.abc import Hashable, Iterator
@@ -343,6 +344,24 @@ MAX_CONNECTIONS: Final = 1024
 RENDER_THREADS: Final = 2
 
 
+log = logging.getLogger("acklane.core.observe.metrics")
+#: aiohttp's server tells of each malformed request here (see :class:`_AtDebug`).
+_requests_log = logging.getLogger("acklane.core.observe.metrics.requests")
+
+
+class _AtDebug(logging.Filter):
+    """aiohttp's server logs a malformed request (a TLS hello, an overlong line) at ERROR
+    with a traceback: a client's garbage is no error of the pipeline, and a flood of it
+    would flood the log. Such records pass at DEBUG, when DEBUG is on."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return _requests_log.isEnabledFor(logging.DEBUG)
+
+
+_requests_log.addFilter(_AtDebug())
+
+
 class MetricsPortUnavailable(AcklaneError, OSError):
     """``metrics.port`` (on ``metrics.host``) cannot be listened on: busy, or not allowed."""
 
@@ -445,12 +464,17 @@ class _Endpoints:
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         self.gate.answering(request.protocol)
         path = request.path
-        if path == "/healthz":
-            response = self._probe(*self.runner.health.liveness())
-        elif path == "/readyz":
-            response = self._probe(*self.runner.health.readiness())
-        else:
-            response = await self._metrics(request)
+        try:
+            if path == "/healthz":
+                response = self._probe(*self.runner.health.liveness())
+            elif path == "/readyz":
+                response = self._probe(*self.runner.health.readiness())
+            else:
+                response = await self._metrics(request)
+        except Exception:
+            # acklane's own bug, told at ERROR here (aiohttp's log of requests is at DEBUG)
+            log.exception("Answering %s failed", path)
+            response = web.Response(status=500, text="internal error\n")
         response.force_close()
         return response
 
@@ -515,6 +539,8 @@ def start_metrics_server(
     Raises :class:`MetricsPortUnavailable` naming the port and the setting when it
     cannot listen there.
     """
+    collector = EngineCollector(runner)
+    registry.register(collector)
     started: Future[MetricsServer] = Future()
     thread = threading.Thread(
         target=lambda: asyncio.run(_serve(addr, port, runner, registry, started, thread)),
@@ -526,12 +552,12 @@ def start_metrics_server(
         server = started.result()
     except OSError as exc:
         thread.join()
+        registry.unregister(collector)
         why = os.strerror(exc.errno) if exc.errno else str(exc)
         raise MetricsPortUnavailable(
             f"metrics.port {port}: cannot listen on {addr}:{port}: {why} (set metrics.port "
             "to a free port, or to null to serve no metrics)"
         ) from None
-    registry.register(EngineCollector(runner))
     return server
 
 
@@ -546,7 +572,7 @@ async def _serve(
     loop = asyncio.get_running_loop()
     gate = _Gate(loop, connection_limit())
     endpoints = _Endpoints(runner, registry, gate)
-    web_server = _GatedServer(gate, endpoints.handle, access_log=None)
+    web_server = _GatedServer(gate, endpoints.handle, access_log=None, logger=_requests_log)
     try:
         listening = await loop.create_server(web_server, addr, port, backlog=1024)
     except BaseException as exc:
