@@ -340,6 +340,8 @@ REQUEST_TIMEOUT: Final = 5.0
 CONNECTION_TIMEOUT: Final = 30.0
 #: The most connections open at once, whatever the file descriptor limit allows.
 MAX_CONNECTIONS: Final = 1024
+#: Connections the kernel queues until the server accepts them.
+ACCEPT_QUEUE: Final = 1024
 #: Threads that render ``/metrics`` (the probes are answered on the server's loop).
 RENDER_THREADS: Final = 2
 
@@ -574,11 +576,20 @@ async def _serve(
     endpoints = _Endpoints(runner, registry, gate)
     web_server = _GatedServer(gate, endpoints.handle, access_log=None, logger=_requests_log)
     try:
-        listening = await loop.create_server(web_server, addr, port, backlog=1024)
+        # asyncio accepts up to ``backlog`` connections per turn of its loop, and the
+        # gate sees them a few turns later: an eighth of the limit a turn keeps what a
+        # flood holds before the gate drops any within half the limit again
+        burst = max(1, gate.limit // 8)
+        listening = await loop.create_server(web_server, addr, port, backlog=burst)
     except BaseException as exc:
         endpoints.pool.shutdown(wait=False)
         started.set_exception(exc)
         return
+    for listener in listening.sockets:
+        # ... while the kernel's queue stays long: a probe queued behind a crowd is
+        # accepted once the gate has made room, rather than refused and retried
+        with listener.dup() as same:
+            same.listen(ACCEPT_QUEUE)
     stop = asyncio.Event()
     server = MetricsServer(loop, stop, thread)
     server.host, server.port = listening.sockets[0].getsockname()[:2]
