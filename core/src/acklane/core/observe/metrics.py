@@ -555,10 +555,12 @@ def start_metrics_server(
     except OSError as exc:
         thread.join()
         registry.unregister(collector)
-        why = os.strerror(exc.errno) if exc.errno else str(exc)
+        # asyncio's bind error repeats the address; an unknown host has no errno
+        why = os.strerror(exc.errno) if exc.errno and exc.errno > 0 else exc.strerror or exc
         raise MetricsPortUnavailable(
-            f"metrics.port {port}: cannot listen on {addr}:{port}: {why} (set metrics.port "
-            "to a free port, or to null to serve no metrics)"
+            f"metrics.port {port}: cannot listen on {addr}:{port} (metrics.host): {why}; "
+            "set a free port and an address of this host, or metrics.port: null to serve "
+            "no metrics"
         ) from None
     return server
 
@@ -574,14 +576,14 @@ async def _serve(
     loop = asyncio.get_running_loop()
     gate = _Gate(loop, connection_limit())
     endpoints = _Endpoints(runner, registry, gate)
-    web_server = _GatedServer(gate, endpoints.handle, access_log=None, logger=_requests_log)
     try:
+        web_server = _GatedServer(gate, endpoints.handle, access_log=None, logger=_requests_log)
         # asyncio accepts up to ``backlog`` connections per turn of its loop, and the
         # gate sees them a few turns later: an eighth of the limit a turn keeps what a
         # flood holds before the gate drops any within half the limit again
         burst = max(1, gate.limit // 8)
         listening = await loop.create_server(web_server, addr, port, backlog=burst)
-    except BaseException as exc:
+    except BaseException as exc:  # told to the caller, which waits for the outcome
         endpoints.pool.shutdown(wait=False)
         started.set_exception(exc)
         return
