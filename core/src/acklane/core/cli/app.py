@@ -524,7 +524,7 @@ def run(
             runner = Runner(cfg, deliver_sinks=not no_sinks)
             startup.hand_over(runner)
             if cfg.metrics.port is not None and not runner.stopping:
-                start_metrics_server(cfg.metrics.port, runner)
+                start_metrics_server(cfg.metrics.port, runner, addr=cfg.metrics.host)
             asyncio.run(runner.run())
         except (asyncio.CancelledError, KeyboardInterrupt):
             if runner is None or runner.forced_by is None:

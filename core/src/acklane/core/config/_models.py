@@ -96,9 +96,14 @@ class StoreSettings(_Settings):
 
 
 class MetricsSettings(_Settings):
-    """``metrics:``: the Prometheus exporter (off when ``port`` is null)."""
+    """``metrics:``: the Prometheus exporter and the health probes (off when ``port`` is
+    null)."""
 
     port: int | None = Field(default=None, ge=1, le=65535)
+    #: The address the endpoints listen on: this host only unless the deployment says
+    #: otherwise (a container whose probes and scrapes come from outside: ``0.0.0.0``).
+    #: They are unauthenticated, and /readyz tells what the pipeline connects to.
+    host: str = Field(default="127.0.0.1", min_length=1)
 
 
 class TracingSettings(_Settings):

@@ -7,6 +7,14 @@ from collections.abc import Callable, Mapping
 
 _VARIABLE = re.compile(r"\$(\$?)\{([^{}]*)\}")
 _VARIABLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: What YAML reads as null in a plain scalar (an empty one included).
+NULL_WORDS = frozenset({"", "~", "null", "Null", "NULL"})
+
+
+def is_one_reference(value: str) -> bool:
+    """Whether ``value`` is exactly one ``${...}`` and nothing else (not ``$${...}``)."""
+    match = _VARIABLE.fullmatch(value)
+    return match is not None and not match.group(1)
 
 
 def substitute(

@@ -17,7 +17,7 @@ import yaml
 
 from ..observe.redact import is_secret_name
 from ._errors import ConfigProblem, Loc, format_path
-from ._substitution import substitute
+from ._substitution import NULL_WORDS, is_one_reference, substitute
 
 #: The largest configuration read, in bytes (text: characters): far above any real
 #: pipeline, far below what would strain the process.
@@ -209,11 +209,18 @@ class _Reader:
             if isinstance(value, str) and "$" in value:
                 line = node.start_mark.line + 1
                 unresolved: list[str] = []
+                # a plain (unquoted) scalar that is one reference is read as YAML reads
+                # the same text written in place as to null: ``port: ${PORT:-null}``
+                # and an empty PORT both leave the setting null (off); quoted, it is text
+                plain = isinstance(node, yaml.ScalarNode) and node.style is None
+                whole = plain and is_one_reference(value)
                 value = substitute(value, self.env, unresolved.append, used=self._note_variable)
                 for message in unresolved:
                     self.problem(loc, message, line=line)
                 if unresolved:
                     self.unresolved.add(tuple(loc))
+                elif whole and value in NULL_WORDS:
+                    return None
             return value
         finally:
             self._active.discard(id(node))

@@ -7,8 +7,11 @@ dead-letter destination reads the same ones.
 
 The reasons are free text from user code; unbounded, they could push a copy that
 was near the broker's size limit over it, and then the copy fails on every
-redelivery. Every connector builds its reason text here, so the bound and the
-default wording are the same everywhere.
+redelivery. They may also quote what must not leave the process (a filter's error
+naming a connection URL with its password, a token the configuration holds): the
+text is redacted as a log line is (:func:`acklane.core.observe.redact.redact`)
+before it is bounded. Every connector builds its reason text here, so the bound,
+the redaction and the default wording are the same everywhere.
 
 :class:`DeadLetterStep` is the step itself, as every connector takes it: a reject
 is copied, *then* settled; with no destination it is settled and counted dropped
@@ -25,6 +28,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from ..errors import AdvanceError, DeadLetterRefused
+from ..observe.redact import redact
 from ..producer import reject_reasons_of
 from ._actions import Action
 
@@ -90,9 +94,10 @@ def reject_reason(reasons: Iterable[str], rejected: int) -> str:
     """The reason text of a dead-letter copy: the watchers' reasons, or a default.
 
     ``rejected`` is how many watchers rejected the message (it names them when
-    none gave a reason). The result is at most :data:`REASON_MAX_BYTES` bytes.
+    none gave a reason). The result is redacted, then at most :data:`REASON_MAX_BYTES`
+    bytes (redacted first: a cut could split a secret so it is no longer recognised).
     """
-    text = "; ".join(r for r in reasons if r)
+    text = redact("; ".join(r for r in reasons if r))
     if not text:
         text = f"rejected by {rejected} watcher{'' if rejected == 1 else 's'}"
     return bounded_text(text)

@@ -266,6 +266,15 @@ def install(tracer: MessageTracer | None) -> None:
     _ACTIVE = tracer
 
 
+def _reason(text: object) -> str:
+    """A watcher's reason as a span attribute: free text from user code, redacted as a
+    log line is (it is exported to a collector, as a dead-letter copy's reason leaves
+    to a broker) and bounded as that reason is."""
+    from ..connectors.deadletter import bounded_text
+
+    return bounded_text(redact(str(text)))
+
+
 class _Getter:
     """Reads W3C fields from a message's attributes, whatever the case of their names."""
 
@@ -419,7 +428,7 @@ class MessageTracer:
             marks = entry.marks
             reasons = None if marks is None else marks.reasons
             if reasons:
-                attrs["acklane.reason"] = reasons[-1]
+                attrs["acklane.reason"] = _reason(reasons[-1])
         else:
             events = 0 if opened.fired is None else opened.fired.get(watcher, 0)
             if events:
@@ -448,7 +457,7 @@ class MessageTracer:
             name = "acklane.rejected"
             reason = getattr(verdict, "reason", None)
             if reason:
-                attrs["acklane.reason"] = reason
+                attrs["acklane.reason"] = _reason(reason)
         opened.span.add_event(name, attrs)
 
     # -- runner hooks
@@ -516,7 +525,7 @@ class MessageTracer:
                 attrs["acklane.failed"] = outcome.failed
                 reasons = getattr(outcome, "reject_reasons", ())
                 if reasons:
-                    attrs["acklane.reason"] = reasons[0]
+                    attrs["acklane.reason"] = _reason(reasons[0])
             span.set_attributes(attrs)
             if what == "failed":
                 from opentelemetry.trace import Status, StatusCode

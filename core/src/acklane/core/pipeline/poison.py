@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Final
 
 from ..connectors._stream_settings import DEFAULT_MAX_ATTEMPTS, MaxAttempts
 from ..connectors.deadletter import bounded_text
+from ..observe.redact import redact
 
 if TYPE_CHECKING:
     from .attempts import AttemptRecord, AttemptStore
@@ -60,10 +61,12 @@ def max_attempts_of(config: object) -> int:
 
 
 def describe_error(error: BaseException) -> str:
-    """``Type: text`` (or ``Type``) of an exception, bounded for storage and reasons."""
+    """``Type: text`` (or ``Type``) of an exception, redacted and bounded for storage and
+    reasons: the text is kept in the database and quoted in a dead-letter copy, span and
+    log line, and a filter's error may quote a connection URL or a secret."""
     text = str(error)
     described = f"{type(error).__name__}: {text}" if text else type(error).__name__
-    return bounded_text(described, MAX_ERROR_BYTES)
+    return bounded_text(redact(described), MAX_ERROR_BYTES)
 
 
 @dataclass(frozen=True, slots=True)
