@@ -160,6 +160,12 @@ def test_a_servicebus_stream_on_another_amqp_server_says_so_in_one_line(
     restarts = [line for line in log.splitlines() if "Restarting watchers" in line]
     assert len(restarts) == 2, log
     assert "Traceback" not in log and " azure." not in log, log
+    # One line per fault: the connector and the manager do not tell it again beside
+    # the runner's restart line (they did, as an ERROR and a WARNING of their own).
+    loud = [line for line in log.splitlines() if " WARNING " in line or " ERROR " in line]
+    faults = [line for line in loud if "not a Service Bus namespace" in line]
+    backlog = [line for line in faults if "Reading the backlog" in line]
+    assert len(faults) - len(backlog) == len(restarts), log
     told = restarts + [line for line in log.splitlines() if "Reading the backlog" in line]
     for line in told:
         assert "not a Service Bus namespace" in line and "AMQP 0-9-1" in line, line

@@ -25,8 +25,6 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-from ..errors import BrokerAuthError
-
 __all__ = ["ProducerTasks", "finish_within"]
 
 R = TypeVar("R")
@@ -66,9 +64,10 @@ class ProducerTasks:
         if self.failure is not None:
             return
         self.failure = exc
-        # A refused credential is told by the runner, once, with the settings to check.
-        level = logging.DEBUG if isinstance(exc, BrokerAuthError) else logging.ERROR
-        self._log.log(level, "%s: %s; the group will fail", self.describe, _text(exc))
+        # DEBUG: whoever consumes the group is told, once (the runner's restart line,
+        # or, for a refused credential, its line with the settings to check; an
+        # Airflow trigger raises it). Telling it here too made three lines per fault.
+        self._log.debug("%s: %s; the group will fail", self.describe, _text(exc))
         for callback in self._on_failure:
             callback(exc)
 

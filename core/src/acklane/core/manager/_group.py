@@ -934,7 +934,9 @@ class _Group:
         if self.error is not None:
             return
         self.error = exc
-        log.warning("Shared stream group failed key=%r: %r", self.key, exc)
+        # DEBUG: every member's iterator raises exc, and its consumer tells it (the
+        # runner in one restart line); a WARNING here said the same fault twice.
+        log.debug("Shared stream group failed key=%r: %r", self.key, exc)
         self.manager._forget_group(self)
         self.close()
         for sub in self.members:
