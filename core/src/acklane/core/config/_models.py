@@ -154,6 +154,7 @@ _SECTIONS: Final[dict[str, type[_Settings]]] = {
     "tracing": TracingSettings,
 }
 _TOP_LEVEL: Final = (
+    "pipeline",
     "engine",
     "store",
     "state",

@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from ..connectors import Connector
+from ..names import DEFAULT_PIPELINE
 from ..pipeline.filters import CompiledFilter
 from ..sinks import SinkSettings
 from ..stores.settings import StateStoreSettings
@@ -72,6 +73,8 @@ class AcklaneConfig:
     deprecations: tuple[ConfigProblem, ...] = ()
     #: ``tracing:`` (OpenTelemetry; off unless enabled here or by ``OTEL_TRACES_EXPORTER``).
     tracing: TracingSettings = field(default_factory=TracingSettings)
+    #: ``pipeline:``: the name that scopes this configuration's rows in the store.
+    pipeline: str = DEFAULT_PIPELINE
 
     def watcher(self, name: str) -> WatcherConfig:
         for w in self.watchers:
@@ -92,3 +95,7 @@ class StoreConfig:
     store: StoreSettings
     state: StateStoreSettings
     secrets: frozenset[str] = field(default=frozenset(), repr=False)
+    #: ``pipeline:`` (see :attr:`AcklaneConfig.pipeline`).
+    pipeline: str = DEFAULT_PIPELINE
+    #: Each watcher's ``stream:`` as written (names shown by ``acklane events``).
+    watcher_streams: Mapping[str, str] = field(default_factory=dict)

@@ -631,6 +631,7 @@ class Runner:
                 self.manager.confirm_persisted if tracer is None else self._on_confirmed_traced
             ),
             commit_interval=self.config.store.commit_interval_ms / 1000.0,
+            pipeline=self.config.pipeline,
         )
         try:
             await store.open()
@@ -644,7 +645,7 @@ class Runner:
         dispatcher: Dispatcher | None = None
         try:
             dispatcher = await self._start_sinks(store)
-            await self.poison.open(self.config.store.url)
+            await self.poison.open(self.config.store.url, pipeline=self.config.pipeline)
             backend = self._open_state_backend()
             cohorts = self._cohorts()
             for c in cohorts:
@@ -728,6 +729,8 @@ class Runner:
             sinks,
             shutdown_timeout=self.config.engine.shutdown_timeout,
             notify_channel=SINK_CHANNEL,
+            pipeline=self.config.pipeline,
+            streams={w.name: w.stream for w in self.config.watchers},
         )
         store.notify_channel = SINK_CHANNEL
         store.add_commit_listener(dispatcher.wake)
