@@ -208,9 +208,13 @@ def _create_or_migrate(conn: Connection) -> None:
     # Stores written before pipelines existed: every row they hold is the default
     # pipeline's (docs/event-store.md, "Pipelines"). First, while no row has changed:
     # SQLite's rebuild of a table takes the write lock with its own BEGIN.
-    for table in (sink_state_table, sink_deliveries_table):
-        if "pipeline" not in column_names(conn, table.name):
-            key_by_pipeline(conn, table)
+    earlier = [
+        table
+        for table in (sink_state_table, sink_deliveries_table)
+        if "pipeline" not in column_names(conn, table.name)
+    ]
+    if earlier:
+        key_by_pipeline(conn, *earlier)
     if "pipeline" not in column_names(conn, TABLE_NAME):
         # One statement, atomic on both backends; existing rows take the default.
         _add_column(conn, TABLE_NAME, events_table.c.pipeline, DEFAULT_PIPELINE)
@@ -253,46 +257,60 @@ def column_names(conn: Connection, table: str) -> set[str]:
     return {str(name) for (name,) in rows}
 
 
-def key_by_pipeline(conn: Connection, table: Table) -> None:
-    """Give a table of an earlier version (a sink's, the poison policy's) its
-    ``pipeline`` column, first in its primary key, every existing row in the default
+def key_by_pipeline(conn: Connection, *tables: Table) -> None:
+    """Give tables of an earlier version (the sinks', the poison policy's) their
+    ``pipeline`` column, first in their primary key, every existing row in the default
     pipeline; in one transaction.
 
-    PostgreSQL changes the table in place (under the schema lock). SQLite cannot
-    change a primary key: the table is renamed, made again and its rows copied, under
-    ``BEGIN IMMEDIATE``, so a second opener waits, then finds the work done.
+    PostgreSQL changes each table in place (under the schema lock). SQLite cannot
+    change a primary key: each table is renamed, made again and its rows copied, under
+    one ``BEGIN IMMEDIATE`` (taken before any row changes, so that pysqlite opens no
+    transaction of its own), so a second opener waits, then finds the work done.
     """
+    if conn.dialect.name == "sqlite":
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+    for table in tables:
+        if "pipeline" in column_names(conn, table.name):
+            continue  # another process did it while this one waited for the lock
+        if conn.dialect.name == "postgresql":
+            _key_in_place(conn, table)
+        else:
+            _key_by_copy(conn, table)
+        log.info(
+            "event store: %s keyed by pipeline; earlier rows are %r's",
+            table.name,
+            DEFAULT_PIPELINE,
+        )
+
+
+def _key_in_place(conn: Connection, table: Table) -> None:
     prep = conn.dialect.identifier_preparer
     name = prep.quote(table.name)
     key = ", ".join(prep.quote(c.name) for c in table.primary_key.columns)
-    due = list(table.indexes)
-    if conn.dialect.name == "postgresql":
-        _add_column(conn, table.name, table.c.pipeline, DEFAULT_PIPELINE)
-        conn.exec_driver_sql(f"ALTER TABLE {name} ALTER COLUMN pipeline DROP DEFAULT")
-        old_key = prep.quote(f"{table.name}_pkey")  # PostgreSQL's name for it
-        conn.exec_driver_sql(f"ALTER TABLE {name} DROP CONSTRAINT {old_key}")
-        conn.exec_driver_sql(f"ALTER TABLE {name} ADD PRIMARY KEY ({key})")
-        for index in due:
-            conn.exec_driver_sql(f"DROP INDEX IF EXISTS {prep.quote(str(index.name))}")
-            conn.execute(CreateIndex(index))
-    else:
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
-        if "pipeline" in column_names(conn, table.name):
-            return  # another process did it while this one waited for the lock
-        before = prep.quote(f"{table.name}_before_pipeline")
-        for index in due:
-            conn.exec_driver_sql(f"DROP INDEX IF EXISTS {prep.quote(str(index.name))}")
-        conn.exec_driver_sql(f"ALTER TABLE {name} RENAME TO {before}")
-        table.create(conn)
-        columns = ", ".join(prep.quote(c.name) for c in table.columns if c.name != "pipeline")
-        conn.exec_driver_sql(
-            f"INSERT INTO {name} (pipeline, {columns}) SELECT ?, {columns} FROM {before}",
-            (DEFAULT_PIPELINE,),
-        )
-        conn.exec_driver_sql(f"DROP TABLE {before}")
-    log.info(
-        "event store: %s keyed by pipeline; earlier rows are %r's", table.name, DEFAULT_PIPELINE
+    _add_column(conn, table.name, table.c.pipeline, DEFAULT_PIPELINE)
+    conn.exec_driver_sql(f"ALTER TABLE {name} ALTER COLUMN pipeline DROP DEFAULT")
+    old_key = prep.quote(f"{table.name}_pkey")  # PostgreSQL's name for it
+    conn.exec_driver_sql(f"ALTER TABLE {name} DROP CONSTRAINT {old_key}")
+    conn.exec_driver_sql(f"ALTER TABLE {name} ADD PRIMARY KEY ({key})")
+    for index in table.indexes:
+        conn.exec_driver_sql(f"DROP INDEX IF EXISTS {prep.quote(str(index.name))}")
+        conn.execute(CreateIndex(index))
+
+
+def _key_by_copy(conn: Connection, table: Table) -> None:
+    prep = conn.dialect.identifier_preparer
+    name = prep.quote(table.name)
+    before = prep.quote(f"{table.name}_before_pipeline")
+    for index in table.indexes:  # their names go with the new table
+        conn.exec_driver_sql(f"DROP INDEX IF EXISTS {prep.quote(str(index.name))}")
+    conn.exec_driver_sql(f"ALTER TABLE {name} RENAME TO {before}")
+    table.create(conn)
+    columns = ", ".join(prep.quote(c.name) for c in table.columns if c.name != "pipeline")
+    conn.exec_driver_sql(
+        f"INSERT INTO {name} (pipeline, {columns}) SELECT ?, {columns} FROM {before}",
+        (DEFAULT_PIPELINE,),
     )
+    conn.exec_driver_sql(f"DROP TABLE {before}")
 
 
 def _add_column(conn: Connection, table: str, column: Column[Any], default: str) -> None:
