@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -146,7 +147,7 @@ def test_two_pipelines_sharing_a_store_each_deliver_exactly_their_own_under_sigk
         )
         for runner in runners.values():
             # a runner restarted a moment ago: SIGTERM once it handles signals
-            assert chaos.wait_until(lambda r=runner: _started(r), 60, 0.1), runner.tail()
+            assert chaos.wait_until(partial(_started, runner), 60, 0.1), runner.tail()
             assert runner.terminate(timeout=30) == 0, runner.tail()
         got = {n: receivers[n].stats(keys=True) for n in PIPELINES}
     finally:

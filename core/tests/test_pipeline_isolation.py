@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import subprocess
 import sys
 import textwrap
@@ -17,8 +18,10 @@ import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
+from aiohttp import web
 from runner_harness import all_committed, run_until
 from sink_functions import RECEIVED, RECEIVED_OTHER
 from sqlalchemy import text
@@ -208,6 +211,49 @@ async def test_two_running_pipelines_with_the_same_names_deliver_only_their_own(
     assert {d.acklane_fields()["stream"] for d in RECEIVED + RECEIVED_OTHER} == {"orders"}
 
 
+async def test_the_webhook_body_names_the_stream_as_the_configuration_does(
+    brokers: tuple[MemoryBroker, MemoryBroker], tmp_path: Path
+) -> None:
+    bodies: list[dict[str, object]] = []
+
+    async def receive(request: web.Request) -> web.Response:
+        bodies.append(await request.json())
+        return web.Response(status=200)
+
+    app = web.Application()
+    app.router.add_post("/hook", receive)
+    server = web.AppRunner(app, shutdown_timeout=1)
+    await server.setup()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    await web.SockSite(server, sock).start()
+    try:
+        one, _ = brokers
+        one.publish("orders", json.dumps({"i": 1}).encode())
+        config = parse_config(
+            textwrap.dedent(
+                f"""\
+                pipeline: alpha
+                engine: {{shutdown_timeout: 5}}
+                store: {{url: "sqlite:///{tmp_path / "e.db"}"}}
+                streams:
+                  orders: {{connector: memory, broker: {one.name}, topics: [orders],
+                            group_id: g, partitions: 1, poll_interval: 0.02}}
+                sinks:
+                  - {{name: calls, kind: webhook, url: "http://127.0.0.1:{port}/hook"}}
+                watchers:
+                  - {{name: big, stream: orders, sinks: [calls]}}
+                """
+            )
+        )
+        await run_until(Runner(config, handle_signals=False), lambda: len(bodies) == 1)
+    finally:
+        await server.cleanup()
+    (body,) = bodies
+    assert (body["stream"], body["watcher"], body["payload"]) == ("orders", "big", {"i": 1})
+
+
 # -- the configuration --------------------------------------------------------------------
 
 
@@ -266,7 +312,7 @@ async def test_the_events_and_sinks_commands_show_only_the_configurations_pipeli
     path = tmp_path / "alpha.yaml"
     path.write_text(_pipeline_yaml("alpha", db, "b", "record"))
 
-    def invoke(*args: str) -> list[dict[str, object]]:
+    def invoke(*args: str) -> list[dict[str, Any]]:
         result = CliRunner().invoke(app, list(args))
         assert result.exit_code == 0, result.output
         return [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
