@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 import subprocess
 import sys
@@ -209,6 +210,35 @@ async def test_two_running_pipelines_with_the_same_names_deliver_only_their_own(
     assert sorted(d.payload["i"] for d in RECEIVED_OTHER) == [0, 1]
     assert {d.payload["pipeline"] for d in RECEIVED_OTHER} == {"beta"}
     assert {d.acklane_fields()["stream"] for d in RECEIVED + RECEIVED_OTHER} == {"orders"}
+
+
+@pytest.mark.parametrize("named", [False, True])
+async def test_a_second_configuration_under_the_same_pipeline_name_is_warned_of(
+    brokers: tuple[MemoryBroker, MemoryBroker],
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    named: bool,
+) -> None:
+    one, two = brokers
+    one.publish("orders", json.dumps({"i": 1}).encode())
+    two.publish("orders", json.dumps({"i": 2}).encode())
+    db = f"sqlite:///{tmp_path / 'e.db'}"
+    first = _pipeline_yaml("alpha", db, one.name, "record")
+    second = _pipeline_yaml("beta", db, two.name, "record_other")
+    if not named:  # both without pipeline: (the default)
+        first, second = (text.split("\n", 1)[1] for text in (first, second))
+    await run_until(Runner(parse_config(first), handle_signals=False), lambda: len(RECEIVED) == 1)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="acklane.core.pipeline.runner"):
+        await run_until(
+            Runner(parse_config(second), handle_signals=False), lambda: len(RECEIVED_OTHER) >= 1
+        )
+    warned = [r.getMessage() for r in caplog.records if "shares this store" in r.getMessage()]
+    if named:
+        assert warned == []
+    else:
+        (message,) = warned
+        assert "Pipeline 'default'" in message and "watcher big" in message
 
 
 async def test_the_webhook_body_names_the_stream_as_the_configuration_does(

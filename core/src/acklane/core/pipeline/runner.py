@@ -641,6 +641,7 @@ class Runner:
             raise
         self._store = store
         health.store = store
+        await self._warn_if_pipeline_shared(store)
         backend: StateBackend | None = None
         dispatcher: Dispatcher | None = None
         try:
@@ -713,6 +714,45 @@ class Runner:
                 await asyncio.to_thread(tracer.shutdown)
         except Exception as exc:  # TimeoutError included: those spans are lost
             log.warning("Exporting the last spans failed: %s", _why(exc))
+
+    async def _warn_if_pipeline_shared(self, store: EventStore) -> None:
+        """Warn when this pipeline's newest stored event of a watcher came from another
+        stream than the watcher reads now: another configuration with the same
+        ``pipeline:`` (``default`` when unset) writes to this store, and its events and
+        this one's are one pipeline's (each one's sinks deliver the other's), or the
+        stream's settings changed since. One indexed read per watcher; a failure to
+        read only skips the check."""
+        from ..events import storable_stream_key
+
+        pipeline = self.config.pipeline
+        for watcher in self.config.watchers:
+            stream = self.config.streams.get(watcher.stream)
+            if stream is None:
+                continue
+            mine = storable_stream_key(stream_key_text(stream.key))
+            try:
+                newest = await store.list_events(
+                    trigger_id=watcher.name, limit=1, newest_first=True
+                )
+            except Exception as exc:
+                log.debug("pipeline %s: checking for a shared name failed: %s", pipeline, exc)
+                return
+            if newest and newest[0].stream_key != mine:
+                log.warning(
+                    "Pipeline %r: the newest stored event of watcher %s came from stream "
+                    "key %s, not %s (stream %s of %s). Another configuration with the "
+                    "pipeline name %r shares this store, and the two are one pipeline to "
+                    "it (each one's sinks deliver the other's events), or the stream's "
+                    "settings changed since. Give each configuration its own pipeline: name "
+                    "(docs/configuration.md, pipeline).",
+                    pipeline,
+                    watcher.name,
+                    newest[0].stream_key,
+                    mine,
+                    watcher.stream,
+                    self.config.source,
+                    pipeline,
+                )
 
     async def _start_sinks(self, store: EventStore) -> Dispatcher | None:
         """The sinks' dispatcher, woken by each commit of new events (and, on PostgreSQL,
