@@ -161,8 +161,8 @@ def sqlite_url_from(url: str, folder: Path) -> str:
         return url
     absolute = str(folder / Path(database).expanduser())
     if _plain_parts(url) is not None:
-        head, _, tail = url.partition("?")
-        return head[: len(head) - len(database)] + absolute + (f"?{tail}" if _ else "")
+        head, mark, query = url.partition("?")
+        return head[: len(head) - len(database)] + absolute + mark + query
     from sqlalchemy.engine import make_url
 
     return make_url(url).set(database=absolute).render_as_string(hide_password=False)

@@ -42,7 +42,7 @@ from ..names import DEFAULT_PIPELINE, check_pipeline_name
 from ..observe.redact import redact, redact_url
 from ..sql import DEFAULT_URL, async_engine
 
-__all__ = ["app"]
+__all__ = ["app", "store_problem"]
 
 app = typer.Typer(
     name="events",
@@ -165,6 +165,17 @@ def _check_url(url: str) -> None:
     in_memory = database in (None, "", ":memory:")
     if backend == "sqlite" and not in_memory and not Path(str(database)).exists():
         raise _CliError(f"no SQLite database at {database} (acklane run creates it)")
+
+
+def store_problem(url: str) -> str | None:
+    """Why ``url`` cannot be an existing event store to read (a SQLite file that does
+    not exist, an unsupported URL), or None: the check of every command that reads the
+    store and must not create it (``acklane events``, ``acklane sinks status``...)."""
+    try:
+        _check_url(url)
+    except _CliError as exc:
+        return str(exc)
+    return None
 
 
 async def _open_reader(

@@ -86,12 +86,11 @@ def _run(cfg: AcklaneConfig, main: Callable[[AsyncEngine], Coroutine[Any, Any, N
     A SQLite file that does not exist is refused, as ``acklane events`` refuses it: a
     command that looks at delivery must not make an empty database and report zeros.
     """
-    from .events import _check_url, _CliError
+    from .events import store_problem
 
-    try:
-        _check_url(cfg.store.url)
-    except _CliError as exc:
-        _fail(str(exc))
+    problem = store_problem(cfg.store.url)
+    if problem is not None:
+        _fail(problem)
 
     async def go() -> None:
         from ..events import EventStore
