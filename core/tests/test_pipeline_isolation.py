@@ -309,6 +309,9 @@ def test_a_relative_sqlite_path_is_read_from_the_configurations_folder(
     monkeypatch.chdir(elsewhere)
     expected = f"sqlite:///{folder.resolve() / 'data' / 'events.db'}?timeout=5"
     assert load_config(path).store.url == expected
+    # validate's look at this machine checks that folder, not the working directory's
+    (folder / "data").mkdir()
+    assert load_config(path, offline_checks=True).store.url == expected
     assert load_store_config(path).store.url == expected
     assert load_store_config(path).pipeline == "alpha"
     # absolute paths, PostgreSQL and text without a file stay as written

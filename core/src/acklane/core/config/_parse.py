@@ -329,6 +329,9 @@ def parse_config(
     sinks = _sinks(reader, data)
     _sink_references(reader, watcher_entries, sinks, streams, watchers, source)
     store_settings = sections["store"]
+    if isinstance(store_settings, StoreSettings):
+        # before the offline checks, which look at the SQLite file's folder
+        store_settings = sections["store"] = _store_resolved(store_settings, source)
     if sinks and isinstance(store_settings, StoreSettings) and is_sqlite_memory(store_settings.url):
         reader.problem(
             ("store", "url"),
@@ -359,7 +362,7 @@ def parse_config(
         source=source,
         pipeline=pipeline,
         engine=engine,
-        store=_store_resolved(store, source),
+        store=store,
         state=state,
         metrics=metrics,
         streams=streams,
