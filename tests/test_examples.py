@@ -143,9 +143,11 @@ def background() -> Iterator[Callable[..., tuple[subprocess.Popen[str], Lines, L
         stop(proc, timeout=20)
 
 
-def stored_events(db: Path) -> list[Any]:
+def stored_events(db: Path, pipeline: str = "default") -> list[Any]:
+    """``pipeline``'s stored events (each example names its own)."""
+
     async def read() -> list[Any]:
-        async with EventStore(f"sqlite:///{db}") as store:
+        async with EventStore(f"sqlite:///{db}", pipeline=pipeline) as store:
             return list(await store.list_events(limit=1000))
 
     return asyncio.run(read()) if db.exists() else []
@@ -260,6 +262,7 @@ def test_the_example_runs_as_its_header_says(
         ["events", "list"],
     ], commands
     db = tmp_path / "events.db"
+    pipeline = str(yaml.safe_load(example.read_text())["pipeline"])
     env = {
         **os.environ,
         "ACKLANE_STORE_URL": f"sqlite:///{db}",
@@ -297,15 +300,15 @@ def test_the_example_runs_as_its_header_says(
     while True:
         assert runner.poll() is None, f"acklane run exited early:\n{run_err.text()}"
         assert time.monotonic() < deadline, (
-            f"{len(stored_events(db))} events, dead letters {dead}:\n{run_err.text()}"
+            f"{len(stored_events(db, pipeline))} events, dead letters {dead}:\n{run_err.text()}"
         )
-        if len(stored_events(db)) >= EXPECTED_EVENTS:
+        if len(stored_events(db, pipeline)) >= EXPECTED_EVENTS:
             dead += DEAD_LETTERS[broker](settings)
             if dead:
                 break
         time.sleep(0.3)
     assert stop(runner) == 0, run_err.text()
-    events = stored_events(db)
+    events = stored_events(db, pipeline)
     assert len(events) == EXPECTED_EVENTS
     assert sorted(e.trigger_id for e in events).count("big-orders") == 2
     [(body, rest)] = dead

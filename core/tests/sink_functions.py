@@ -21,3 +21,11 @@ def record_trace(event: Delivery) -> None:
     from opentelemetry import trace
 
     TRACED.append(trace.get_current_span().get_span_context())
+
+
+#: What :func:`record_other` got: a second pipeline's sink of the same name.
+RECEIVED_OTHER: list[Delivery] = []
+
+
+def record_other(event: Delivery) -> None:
+    RECEIVED_OTHER.append(event)

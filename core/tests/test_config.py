@@ -78,7 +78,8 @@ def test_a_valid_file_gives_engine_store_streams_and_watchers(tmp_path: Path) ->
     config = load_config(write(tmp_path, VALID), env={})
     assert config.engine.ack_timeout == 60
     assert config.engine.subscriber_queue_size == 1024
-    assert config.store.url == "sqlite:///events.db"
+    # a relative SQLite path is read from the configuration's folder
+    assert config.store.url == f"sqlite:///{tmp_path.resolve() / 'events.db'}"
     assert config.metrics.port is None
     assert isinstance(config.state, StateStoreSettings)
     stream = config.streams["orders"]
@@ -637,7 +638,7 @@ def test_the_store_section_loads_without_the_streams_variables(tmp_path: Path) -
     with pytest.raises(ConfigError):
         load_config(path, env={})
     loaded = load_store_config(path, env={})
-    assert loaded.store.url == "sqlite:///events.db"
+    assert loaded.store.url == f"sqlite:///{tmp_path.resolve() / 'events.db'}"
     assert loaded.state.gc_interval == 5
 
 

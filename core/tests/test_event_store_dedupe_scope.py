@@ -28,8 +28,8 @@ from acklane.core.sql import is_sqlite, sync_engine
 SAFETY = 30.0
 
 OLD_INDEX = f"{TABLE_NAME}_dedupe"
-NEW_INDEX = f"{TABLE_NAME}_stream_dedupe"
-NEW_COLUMNS = ["trigger_id", "message_id", "position", "stream_key"]
+NEW_INDEX = f"{TABLE_NAME}_pipeline_dedupe"
+NEW_COLUMNS = ["trigger_id", "message_id", "position", "stream_key", "pipeline"]
 
 KEY_A = '["acklane","kafka","old-cluster:9092",["orders"],"billing"]'
 KEY_B = '["acklane","kafka","new-cluster:9092",["orders"],"billing"]'
@@ -336,7 +336,7 @@ async def test_a_missing_new_index_is_created_on_open(db_url: str, dropped: bool
                 conn.execute(
                     text(
                         f"CREATE UNIQUE INDEX {NEW_INDEX} ON {TABLE_NAME} "
-                        "(trigger_id, message_id, position, stream_key) "
+                        "(trigger_id, message_id, position, stream_key, pipeline) "
                         "WHERE message_id IS NOT NULL"
                     )
                 )

@@ -364,9 +364,9 @@ async def test_an_exactly_once_sink_looks_up_what_a_crash_left_unsure(sqlite_url
         # a previous holder claimed 1-4, delivered 1 and 2 (the receiver has them) and died
         async with engine.begin() as conn:
             await conn.exec_driver_sql(
-                "INSERT INTO acklane_sink_state (sink, watchers, cursor, claimed_to, delivered, "
-                "owner, lease_until, updated_at) VALUES ('s', '[\"w\"]', 0, 4, 0, NULL, NULL, "
-                "'2026-01-01 00:00:00')"
+                "INSERT INTO acklane_sink_state (pipeline, sink, watchers, cursor, claimed_to, "
+                "delivered, owner, lease_until, updated_at) VALUES ('default', 's', '[\"w\"]', "
+                "0, 4, 0, NULL, NULL, '2026-01-01 00:00:00')"
             )
         async with EventStore(sqlite_url) as store:
             events = await store.list_events()
@@ -405,9 +405,9 @@ async def test_a_lease_held_by_a_dead_process_of_this_host_is_taken_at_once(
     try:
         async with engine.begin() as conn:
             await conn.exec_driver_sql(
-                "INSERT INTO acklane_sink_state (sink, watchers, cursor, claimed_to, delivered, "
-                "owner, lease_until, updated_at) VALUES ('s', '[\"w\"]', 0, 0, 0, ?, "
-                "'2999-01-01 00:00:00', '2026-01-01 00:00:00')",
+                "INSERT INTO acklane_sink_state (pipeline, sink, watchers, cursor, claimed_to, "
+                "delivered, owner, lease_until, updated_at) VALUES ('default', 's', '[\"w\"]', "
+                "0, 0, 0, ?, '2999-01-01 00:00:00', '2026-01-01 00:00:00')",
                 (dead,),
             )
     finally:

@@ -178,9 +178,9 @@ async def test_the_sinks_metrics_and_readiness_are_served(
     await run_until(runner, scraped)
     text = seen["text"]
     assert 'acklane_sink_deliveries_total{outcome="delivered",sink="calls"} 1.0' in text
-    assert 'acklane_sink_lag_events{sink="calls"}' in text
-    assert 'acklane_sink_oldest_pending_seconds{sink="calls"}' in text
-    assert 'acklane_sink_parked_events{sink="calls"} 0.0' in text
+    assert 'acklane_sink_lag_events{pipeline="default",sink="calls"}' in text
+    assert 'acklane_sink_oldest_pending_seconds{pipeline="default",sink="calls"}' in text
+    assert 'acklane_sink_parked_events{pipeline="default",sink="calls"} 0.0' in text
     assert 'acklane_sink_delivering{sink="calls"} 1.0' in text
     assert 'acklane_sink_delivery_latency_seconds_count{sink="calls"} 1.0' in text
     _, body = seen["ready"]

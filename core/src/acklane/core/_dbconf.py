@@ -31,6 +31,7 @@ __all__ = [
     "is_sqlite_memory",
     "offline_url_problem",
     "sqlite_path_problem",
+    "sqlite_url_from",
     "unsupported_url",
     "url_parts",
 ]
@@ -135,6 +136,36 @@ def sqlite_path_problem(database: str) -> str | None:
     if path.exists() and not os.access(path, os.R_OK | os.W_OK):
         return f"the file {path} is not readable and writable"
     return None
+
+
+def sqlite_url_from(url: str, folder: Path) -> str:
+    """``url`` with a relative SQLite file path made absolute from ``folder`` (the
+    configuration file's directory, as ``schema:`` paths are); any other URL as it is.
+
+    So that every command reading one configuration opens the same database wherever
+    it is run from (docs/configuration.md, ``store.url``).
+    """
+    try:
+        parts = url_parts(url)
+    except ValueError:
+        return url  # the model reports it
+    database = parts.database
+    if (
+        parts.drivername.partition("+")[0] != "sqlite"
+        or not database
+        or database == ":memory:"
+        or database.startswith("file:")
+        or Path(database).expanduser().is_absolute()
+        or is_sqlite_memory(url)
+    ):
+        return url
+    absolute = str(folder / Path(database).expanduser())
+    if _plain_parts(url) is not None:
+        head, mark, query = url.partition("?")
+        return head[: len(head) - len(database)] + absolute + mark + query
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).set(database=absolute).render_as_string(hide_password=False)
 
 
 def is_sqlite(url: str | URL) -> bool:

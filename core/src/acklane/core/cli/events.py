@@ -2,9 +2,10 @@
 
 ``list`` shows stored events; ``tail`` follows new ones as they are committed;
 ``prune`` deletes the old ones (retention). All read the store named by ``--url`` or
-by the ``store.url`` of ``--config`` (only the ``store`` section of that file is read:
-a broker's unset variables do not matter). They never create a database. Messages
-mask secrets (acklane.core.observe.redact).
+by the ``store.url`` of ``--config`` (only the ``store`` section, ``pipeline:`` and the
+watchers' streams of that file are read: a broker's unset variables do not matter).
+They see one pipeline's events: the configuration's, or ``--pipeline`` with ``--url``.
+They never create a database. Messages mask secrets (acklane.core.observe.redact).
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from __future__ import annotations
 import asyncio
 import importlib
 import json
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -36,11 +38,12 @@ from ..events import (
     cutoff_for,
     prune_older_than,
 )
+from ..names import DEFAULT_PIPELINE, check_pipeline_name
 from ..observe.redact import redact, redact_url
 from ..sql import DEFAULT_URL, async_engine
 from ._text import cell, shown
 
-__all__ = ["app"]
+__all__ = ["app", "store_problem"]
 
 app = typer.Typer(
     name="events",
@@ -65,6 +68,15 @@ ConfigOption = Annotated[
     Path | None,
     typer.Option("--config", help="An acklane YAML configuration; its store.url is used."),
 ]
+PipelineOption = Annotated[
+    str | None,
+    typer.Option(
+        "--pipeline",
+        help=f"With --url: the pipeline whose events to read (default {DEFAULT_PIPELINE!r}); "
+        "--config reads its pipeline: field.",
+        show_default=False,
+    ),
+]
 TriggerOption = Annotated[
     str | None, typer.Option("--trigger", "-t", help="Only the events of this trigger id.")
 ]
@@ -87,17 +99,34 @@ def _fail(message: str) -> NoReturn:
     raise typer.Exit(1)
 
 
+@dataclass(frozen=True, slots=True)
+class _Target:
+    """What a command reads: the store, its settings (with --config), whose events."""
+
+    url: str
+    settings: Any
+    pipeline: str
+    #: watcher -> stream name (with --config), to show stream names
+    streams: Mapping[str, str]
+
+
 def resolve_url(url: str | None, config: Path | None) -> str:
     """The store URL from ``--url``, or from the configuration file, or the default."""
-    return _resolve_store(url, config)[0]
+    return _resolve_store(url, config).url
 
 
-def _resolve_store(url: str | None, config: Path | None) -> tuple[str, Any]:
-    """The store URL and, with ``--config``, the file's ``store`` settings (else None)."""
+def _resolve_store(url: str | None, config: Path | None, pipeline: str | None = None) -> _Target:
+    """The store URL, pipeline and, with ``--config``, the file's ``store`` settings."""
     if url and config:
         raise _CliError("give --url or --config, not both")
+    if config is not None and pipeline is not None:
+        raise _CliError("give --pipeline with --url; --config reads its pipeline: field")
     if config is None:
-        return url or DEFAULT_URL, None
+        try:
+            chosen = check_pipeline_name(DEFAULT_PIPELINE if pipeline is None else pipeline)
+        except ValueError as exc:
+            raise _CliError(f"--pipeline: {exc}") from None
+        return _Target(url or DEFAULT_URL, None, chosen, {})
     try:
         module: Any = importlib.import_module("acklane.core.config")
         # only the store section (older versions: the whole file)
@@ -113,9 +142,15 @@ def _resolve_store(url: str | None, config: Path | None) -> tuple[str, Any]:
         message = str(exc)
         raise _CliError(message if str(config) in message else f"{config}: {message}") from None
     try:
-        return str(loaded.store.url), loaded.store
+        store_url = str(loaded.store.url)
     except AttributeError:
         raise _CliError(f"{config}: the configuration has no store.url") from None
+    return _Target(
+        store_url,
+        loaded.store,
+        str(getattr(loaded, "pipeline", DEFAULT_PIPELINE)),
+        dict(getattr(loaded, "watcher_streams", {})),
+    )
 
 
 def _check_url(url: str) -> None:
@@ -133,10 +168,23 @@ def _check_url(url: str) -> None:
         raise _CliError(f"no SQLite database at {database} (acklane run creates it)")
 
 
-async def _open_reader(url: str) -> tuple[EventReader, AsyncEngine]:
-    """A reader on an existing store; never creates a table."""
+def store_problem(url: str) -> str | None:
+    """Why ``url`` cannot be an existing event store to read (a SQLite file that does
+    not exist, an unsupported URL), or None: the check of every command that reads the
+    store and must not create it (``acklane events``, ``acklane sinks status``...)."""
+    try:
+        _check_url(url)
+    except _CliError as exc:
+        return str(exc)
+    return None
+
+
+async def _open_reader(
+    url: str, pipeline: str = DEFAULT_PIPELINE
+) -> tuple[EventReader, AsyncEngine]:
+    """A reader of ``pipeline``'s events on an existing store; never creates a table."""
     engine = async_engine(url)
-    reader = EventReader(engine)
+    reader = EventReader(engine, pipeline=pipeline)
     try:
         exists = await reader.table_exists()
     except Exception as exc:
@@ -148,11 +196,12 @@ async def _open_reader(url: str) -> tuple[EventReader, AsyncEngine]:
     return reader, engine
 
 
-def event_to_json(event: StoredEvent) -> dict[str, Any]:
+def event_to_json(event: StoredEvent, streams: Mapping[str, str] | None = None) -> dict[str, Any]:
     return {
         "id": event.id,
         "created_at": event.created_at.isoformat(),
         "trigger_id": event.trigger_id,
+        "stream": _stream_of(event, streams),
         "stream_key": event.stream_key,
         "message_id": event.message_id,
         "position": event.position,
@@ -160,28 +209,42 @@ def event_to_json(event: StoredEvent) -> dict[str, Any]:
     }
 
 
-def _table(events: Sequence[StoredEvent], *, header: bool = True) -> Table:
+def _stream_of(event: StoredEvent, streams: Mapping[str, str] | None) -> str:
+    """The stream's name (its watcher's ``stream:`` in the configuration), or the
+    stored key when the configuration is not known (``--url``)."""
+    return (streams or {}).get(event.trigger_id, event.stream_key)
+
+
+def _table(
+    events: Sequence[StoredEvent], *, header: bool = True, streams: Mapping[str, str] | None = None
+) -> Table:
     table = Table(show_header=header, header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
     for name, options in _COLUMNS.items():
         table.add_column(name, **options)
     for event in events:
         # Text, not str: payloads and keys may hold [brackets] rich would parse.
-        table.add_row(*(Text(cell) for cell in _cells(event)))
+        table.add_row(*(Text(cell) for cell in _cells(event, streams)))
     return table
 
 
-def _emit(events: Sequence[StoredEvent], *, as_json: bool, header: bool = True) -> None:
+def _emit(
+    events: Sequence[StoredEvent],
+    *,
+    as_json: bool,
+    header: bool = True,
+    streams: Mapping[str, str] | None = None,
+) -> None:
     if as_json:
         for event in events:
-            print(json.dumps(event_to_json(event), ensure_ascii=False), flush=True)
+            print(json.dumps(event_to_json(event, streams), ensure_ascii=False), flush=True)
     elif events and not _out.is_terminal:
         # piped or redirected: one tab-separated line per event, never wrapped or folded
         if header:
             print("\t".join(_COLUMNS), flush=True)
         for event in events:
-            print("\t".join(_cells(event)), flush=True)
+            print("\t".join(_cells(event, streams)), flush=True)
     elif events:
-        _out.print(_table(events, header=header))
+        _out.print(_table(events, header=header, streams=streams))
 
 
 #: The columns of an event, with their options in the terminal's table.
@@ -189,21 +252,21 @@ _COLUMNS: dict[str, dict[str, Any]] = {
     "id": {"justify": "right", "no_wrap": True},
     "created (UTC)": {"no_wrap": True},
     "trigger": {"max_width": 24, "overflow": "fold"},
-    "stream key": {"max_width": 24, "overflow": "fold"},
+    "stream": {"max_width": 24, "overflow": "fold"},
     "message": {"max_width": 28, "overflow": "fold"},
     "pos": {"justify": "right", "no_wrap": True},
     "payload": {"min_width": 16, "overflow": "fold"},
 }
 
 
-def _cells(event: StoredEvent) -> list[str]:
+def _cells(event: StoredEvent, streams: Mapping[str, str] | None = None) -> list[str]:
     """An event's columns as text on one line: a tab or a newline in one becomes a space,
     any other control character an escape (ids and payloads are anyone's text)."""
     cells = [
         str(event.id),
         event.created_at.strftime("%Y-%m-%d %H:%M:%S"),
         event.trigger_id,
-        event.stream_key,
+        _stream_of(event, streams),
         event.message_id if event.message_id is not None else "-",
         str(event.position),
         json.dumps(event.payload, ensure_ascii=False),
@@ -212,12 +275,15 @@ def _cells(event: StoredEvent) -> list[str]:
 
 
 def _run(
-    main: Callable[[str], Coroutine[Any, Any, None]], url: str | None, config: Path | None
+    main: Callable[[_Target], Coroutine[Any, Any, None]],
+    url: str | None,
+    config: Path | None,
+    pipeline: str | None,
 ) -> None:
     try:
-        store_url = resolve_url(url, config)
-        _check_url(store_url)
-        asyncio.run(main(store_url))
+        target = _resolve_store(url, config, pipeline)
+        _check_url(target.url)
+        asyncio.run(main(target))
     except _CliError as exc:
         _fail(str(exc))
     except KeyboardInterrupt:  # Ctrl-C: stop quietly
@@ -237,11 +303,12 @@ def list_events(
         typer.Option("--after", help="Events with an id above this one (oldest first)."),
     ] = None,
     as_json: JsonOption = False,
+    pipeline: PipelineOption = None,
 ) -> None:
     """List stored events: the latest ones, or the first ones after --after."""
 
-    async def main(store_url: str) -> None:
-        reader, engine = await _open_reader(store_url)
+    async def main(target: _Target) -> None:
+        reader, engine = await _open_reader(target.url, target.pipeline)
         try:
             if after is None:
                 events = await reader.list_events(
@@ -253,11 +320,11 @@ def list_events(
             total = await reader.count(trigger_id=trigger)
         finally:
             await engine.dispose()
-        _emit(events, as_json=as_json)
+        _emit(events, as_json=as_json, streams=target.streams)
         if not as_json:
             _err.print(Text(f"{len(events)} of {total} event(s)", style="dim"))
 
-    _run(main, url, config)
+    _run(main, url, config, pipeline)
 
 
 @app.command("tail")
@@ -272,28 +339,29 @@ def tail_events(
         float, typer.Option("--interval", min=0.01, help="Seconds between two polls when idle.")
     ] = 0.5,
     as_json: JsonOption = False,
+    pipeline: PipelineOption = None,
 ) -> None:
     """Follow new events as they are committed (Ctrl-C stops)."""
 
-    async def main(store_url: str) -> None:
-        reader, engine = await _open_reader(store_url)
+    async def main(target: _Target) -> None:
+        reader, engine = await _open_reader(target.url, target.pipeline)
         try:
             last = await reader.last_id(trigger_id=trigger)
             first = []
             if lines:
                 first = await reader.list_events(trigger_id=trigger, limit=lines, newest_first=True)
                 first.reverse()
-            _emit(first, as_json=as_json)
+            _emit(first, as_json=as_json, streams=target.streams)
             header = not first
             async for events in reader.tail_batches(
                 trigger_id=trigger, after_id=last, poll_interval=interval
             ):
-                _emit(events, as_json=as_json, header=header)
+                _emit(events, as_json=as_json, header=header, streams=target.streams)
                 header = False
         finally:
             await engine.dispose()
 
-    _run(main, url, config)
+    _run(main, url, config, pipeline)
 
 
 @app.command("prune")
@@ -316,17 +384,27 @@ def prune_events(
     batch_size: Annotated[
         int, typer.Option("--batch-size", min=1, help="Rows deleted per transaction.")
     ] = DEFAULT_PRUNE_BATCH,
+    pipeline: PipelineOption = None,
 ) -> None:
-    """Delete trigger events older than a window (what store.retention does while running).
+    """Delete one pipeline's trigger events older than a window (what store.retention
+    does while running).
 
     A redelivered message whose events were pruned is stored again: keep events
     longer than the broker can redeliver (docs/event-store.md, Retention).
     """
     try:
-        store_url, settings = _resolve_store(url, config)
-        window = _prune_window(older_than, settings)
-        _check_url(store_url)
-        asyncio.run(_prune(store_url, window, dry_run=dry_run, batch_size=batch_size))
+        target = _resolve_store(url, config, pipeline)
+        window = _prune_window(older_than, target.settings)
+        _check_url(target.url)
+        asyncio.run(
+            _prune(
+                target.url,
+                window,
+                dry_run=dry_run,
+                batch_size=batch_size,
+                pipeline=target.pipeline,
+            )
+        )
     except _CliError as exc:
         _fail(str(exc))
     except KeyboardInterrupt:  # Ctrl-C: what was committed stays deleted
@@ -353,13 +431,13 @@ def _prune_window(older_than: str | None, settings: Any) -> float:
     return float(retention)
 
 
-async def _prune(url: str, window: float, *, dry_run: bool, batch_size: int) -> None:
-    reader, engine = await _open_reader(url)
+async def _prune(url: str, window: float, *, dry_run: bool, batch_size: int, pipeline: str) -> None:
+    reader, engine = await _open_reader(url, pipeline)
     del reader
     cutoff = cutoff_for(window)
     when = f"created before {cutoff.strftime('%Y-%m-%d %H:%M:%S')} UTC"
     try:
-        total = await count_older_than(engine, cutoff)
+        total = await count_older_than(engine, cutoff, pipeline=pipeline)
         if dry_run:
             _out.print(
                 Text(
@@ -384,6 +462,7 @@ async def _prune(url: str, window: float, *, dry_run: bool, batch_size: int) -> 
                 engine,
                 cutoff,
                 batch_size=batch_size,
+                pipeline=pipeline,
                 on_batch=lambda n: bar.advance(task, n),
             )
     except _CliError:

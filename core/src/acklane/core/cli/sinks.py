@@ -82,14 +82,23 @@ def _check_sink(cfg: AcklaneConfig, sink: str) -> None:
 
 
 def _run(cfg: AcklaneConfig, main: Callable[[AsyncEngine], Coroutine[Any, Any, None]]) -> None:
-    """Run ``main`` on an engine of the configuration's store (its tables made if missing)."""
+    """Run ``main`` on an engine of the configuration's store (its tables made if missing).
+
+    A SQLite file that does not exist is refused, as ``acklane events`` refuses it: a
+    command that looks at delivery must not make an empty database and report zeros.
+    """
+    from .events import store_problem
+
+    problem = store_problem(cfg.store.url)
+    if problem is not None:
+        _fail(problem)
 
     async def go() -> None:
         from ..events import EventStore
         from ..sql import async_engine
 
         # Opening the store creates the tables a store of an older version lacks.
-        async with EventStore(cfg.store.url):
+        async with EventStore(cfg.store.url, pipeline=cfg.pipeline):
             pass
         engine = async_engine(cfg.store.url)
         try:
@@ -121,7 +130,7 @@ def status(config: ConfigArg, output: FormatOption = Format.table) -> None:
     async def main(engine: AsyncEngine) -> None:
         from ..sinks import sink_status
 
-        rows = await sink_status(engine, sinks)
+        rows = await sink_status(engine, sinks, pipeline=cfg.pipeline)
         now = datetime.now(UTC)
         if output is Format.json:
             for s in rows:
@@ -183,7 +192,7 @@ def parked(
     async def main(engine: AsyncEngine) -> None:
         from ..sinks import parked_events
 
-        rows = await parked_events(engine, sink, limit=limit)
+        rows = await parked_events(engine, sink, limit=limit, pipeline=cfg.pipeline)
         if output is Format.json:
             for p in rows:
                 d = p.delivery
@@ -241,7 +250,9 @@ def retry(
     async def main(engine: AsyncEngine) -> None:
         from ..sinks import retry_parked
 
-        n = await retry_parked(engine, sink, event_ids=None if every else event)
+        n = await retry_parked(
+            engine, sink, event_ids=None if every else event, pipeline=cfg.pipeline
+        )
         if event and n < len(set(event)):
             _err.print(f"{len(set(event)) - n} of the given event(s) are not parked for {sink}")
         print(f"{n} event(s) queued for another delivery to {sink}", flush=True)
@@ -284,7 +295,7 @@ def replay(
     async def main(engine: AsyncEngine) -> None:
         from ..sinks import replay_events
 
-        n = await replay_events(engine, sink, watcher, since=start)
+        n = await replay_events(engine, sink, watcher, since=start, pipeline=cfg.pipeline)
         print(f"{n} event(s) of {watcher} queued for delivery to {sink} again", flush=True)
 
     _run(cfg, main)
@@ -345,6 +356,8 @@ def run_sinks(
             sinks,
             shutdown_timeout=cfg.engine.shutdown_timeout,
             notify_channel="acklane_events",
+            pipeline=cfg.pipeline,
+            streams={w.name: w.stream for w in cfg.watchers},
         )
         async with dispatcher:
             log.info("Delivering to %s", ", ".join(sink.name for sink, _ in sinks))

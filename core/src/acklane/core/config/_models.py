@@ -159,6 +159,7 @@ _SECTIONS: Final[dict[str, type[_Settings]]] = {
     "tracing": TracingSettings,
 }
 _TOP_LEVEL: Final = (
+    "pipeline",
     "engine",
     "store",
     "state",

@@ -13,7 +13,7 @@ from typing import Any, Final, NamedTuple, NoReturn
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
-from .._dbconf import is_sqlite_memory, offline_url_problem
+from .._dbconf import is_sqlite_memory, offline_url_problem, sqlite_url_from
 from ..connectors import (
     UnknownConnector,
     available_connectors,
@@ -21,6 +21,7 @@ from ..connectors import (
     load_connector,
     rename_fields,
 )
+from ..names import DEFAULT_PIPELINE, MAX_PIPELINE_LENGTH, check_pipeline_name
 from ..observe.redact import redact, remember, secrets_in
 from ..pipeline.filters import FilterSpec, FilterSpecError, compile_filter
 from ..sinks import KINDS, Sink, SinkContext, SinkSettings, UnknownSinkKind, sink_class
@@ -295,11 +296,19 @@ def parse_store_config(
     part = {k: data[k] for k in wanted if k in data}
     store = _section(reader, data, "store", StoreSettings)
     state = _state(reader, _mapping(reader, data, "state", required=False) or {})
+    pipeline = _pipeline(reader, data)
     if reader.problems:
         _raise(reader, part)
     assert isinstance(store, StoreSettings)
     secrets = _remember_secrets(reader, part)
-    return StoreConfig(source=source, store=store, state=state, secrets=secrets)
+    return StoreConfig(
+        source=source,
+        store=_store_resolved(store, source),
+        state=state,
+        secrets=secrets,
+        pipeline=pipeline,
+        watcher_streams=_watcher_streams(data),
+    )
 
 
 def parse_config(
@@ -366,6 +375,9 @@ def _parse_config(
     sinks = _sinks(reader, data)
     _sink_references(reader, watcher_entries, sinks, streams, watchers, source)
     store_settings = sections["store"]
+    if isinstance(store_settings, StoreSettings):
+        # before the offline checks, which look at the SQLite file's folder
+        store_settings = sections["store"] = _store_resolved(store_settings, source)
     if sinks and isinstance(store_settings, StoreSettings) and is_sqlite_memory(store_settings.url):
         reader.problem(
             ("store", "url"),
@@ -373,6 +385,7 @@ def _parse_config(
             "process: use a SQLite file or PostgreSQL",
         )
     state = _state(reader, state_raw or {})
+    pipeline = _pipeline(reader, data)
     _tracing_problem(reader, sections["tracing"], env)
     if offline_checks:
         _offline_checks(reader, sections["store"], streams)
@@ -393,6 +406,7 @@ def _parse_config(
     )
     return AcklaneConfig(
         source=source,
+        pipeline=pipeline,
         engine=engine,
         store=store,
         state=state,
@@ -801,6 +815,46 @@ def _sink_references(
             found = [("", f"sink {name!r}: checking it failed: {type(exc).__name__}: {exc}")]
         for field, message in found:
             reader.problem(("sinks", entry.position, *(field.split(".") if field else ())), message)
+
+
+def _pipeline(reader: _Reader, data: Mapping[str, Any]) -> str:
+    """``pipeline:``: the name that scopes the configuration's rows in the store."""
+    if "pipeline" not in data:
+        return DEFAULT_PIPELINE
+    name = data["pipeline"]
+    try:
+        return check_pipeline_name(name)
+    except ValueError:
+        reader.problem(
+            ("pipeline",),
+            f"expected a name ({_NAME_RULE}, at most {MAX_PIPELINE_LENGTH} characters), "
+            f"got {_got(name)}",
+        )
+        return DEFAULT_PIPELINE
+
+
+def _watcher_streams(data: Mapping[str, Any]) -> dict[str, str]:
+    """Each watcher's stream name, read as written (nothing checked: the commands that
+    only read the store show stream names with it, and fall back to the stored key)."""
+    entries = data.get("watchers")
+    if not isinstance(entries, list):
+        return {}
+    return {
+        entry["name"]: entry["stream"]
+        for entry in entries
+        if isinstance(entry, dict)
+        and isinstance(entry.get("name"), str)
+        and isinstance(entry.get("stream"), str)
+    }
+
+
+def _store_resolved(store: StoreSettings, source: str) -> StoreSettings:
+    """``store:`` with a relative SQLite path read from the configuration's directory."""
+    folder = _folder(source)
+    if folder is None:
+        return store
+    url = sqlite_url_from(store.url, folder)
+    return store if url == store.url else store.model_copy(update={"url": url})
 
 
 def _folder(source: str) -> Path | None:

@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from ..connectors import Connector
+from ..names import DEFAULT_PIPELINE
 from ..pipeline.filters import CompiledFilter
 from ..sinks import SinkSettings
 from ..stores.settings import StateStoreSettings
@@ -75,6 +76,8 @@ class AcklaneConfig:
     #: Settings that work but expose a credential or trust any server (``verify_tls:
     #: false``, a password sent to an ``http://`` URL), each at its file:line.
     warnings: tuple[ConfigProblem, ...] = ()
+    #: ``pipeline:``: the name that scopes this configuration's rows in the store.
+    pipeline: str = DEFAULT_PIPELINE
 
     def watcher(self, name: str) -> WatcherConfig:
         for w in self.watchers:
@@ -95,3 +98,7 @@ class StoreConfig:
     store: StoreSettings
     state: StateStoreSettings
     secrets: frozenset[str] = field(default=frozenset(), repr=False)
+    #: ``pipeline:`` (see :attr:`AcklaneConfig.pipeline`).
+    pipeline: str = DEFAULT_PIPELINE
+    #: Each watcher's ``stream:`` as written (names shown by ``acklane events``).
+    watcher_streams: Mapping[str, str] = field(default_factory=dict)

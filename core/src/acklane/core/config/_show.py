@@ -26,6 +26,7 @@ def config_document(config: AcklaneConfig) -> dict[str, Any]:
         for w in config.watchers
     ]
     document: dict[str, Any] = {
+        "pipeline": config.pipeline,
         "engine": redact_structure(config.engine),
         "store": redact_structure(config.store),
         "state": redact_structure(config.state),

@@ -6,7 +6,8 @@ parameters row by row costs more than the database itself at tens of thousands
 of rows a second.
 
 Duplicates are what the dedupe index says (see ``_schema.DEDUPE_INDEX``): the
-ON CONFLICT clause names its columns, (trigger, message id, position, stream key).
+ON CONFLICT clause names its columns, (trigger, message id, position, stream key,
+pipeline).
 
 - SQLite: one multi-row ``INSERT ... VALUES (...), (...) ON CONFLICT DO NOTHING``
   per batch (split only past SQLite's bound-parameter limit). One statement is
@@ -32,12 +33,15 @@ from typing import Protocol
 from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from ..names import DEFAULT_PIPELINE, check_pipeline_name
 from ._model import EncodedRow
 from ._schema import INSERT_COLUMNS, dedupe_conflict_clause, events_table
 
 __all__ = ["COMMIT_ORDER_LOCK", "BatchInsert", "batch_insert_for"]
 
-_WIDTH = len(INSERT_COLUMNS)
+#: Bound parameters per row: the encoded row and created_at (the pipeline is one
+#: literal of the statement, the same for every row of a store).
+_WIDTH = len(INSERT_COLUMNS) - 1
 # SQLITE_MAX_VARIABLE_NUMBER: 32766 since SQLite 3.32, 999 before.
 _SQLITE_MAX_PARAMS = 32766 if sqlite3.sqlite_version_info >= (3, 32) else 999
 _STAGE_TABLE = "acklane_trigger_events_stage"
@@ -59,11 +63,13 @@ class BatchInsert(Protocol):
     ) -> int: ...
 
 
-def batch_insert_for(dialect: Dialect) -> BatchInsert:
+def batch_insert_for(dialect: Dialect, pipeline: str = DEFAULT_PIPELINE) -> BatchInsert:
+    """The batch INSERT of one store, whose rows all belong to ``pipeline``."""
+    check_pipeline_name(pipeline)
     if dialect.name == "sqlite":
-        return _SqliteInsert(dialect)
+        return _SqliteInsert(dialect, pipeline)
     if dialect.name == "postgresql":
-        return _PostgresCopyInsert(dialect)
+        return _PostgresCopyInsert(dialect, pipeline)
     raise ValueError(f"the event store supports SQLite and PostgreSQL URLs, not {dialect.name!r}")
 
 
@@ -74,9 +80,10 @@ def _head(dialect: Dialect) -> str:
 
 
 class _SqliteInsert:
-    def __init__(self, dialect: Dialect) -> None:
+    def __init__(self, dialect: Dialect, pipeline: str) -> None:
         head = _head(dialect)
-        group = "(" + ", ".join("?" * _WIDTH) + ")"
+        # a checked name (no quote can pass): a literal costs nothing per row
+        group = "(" + ", ".join("?" * _WIDTH) + f", '{pipeline}')"
         on_conflict = dedupe_conflict_clause(dialect)
 
         @lru_cache(maxsize=64)
@@ -152,9 +159,10 @@ def _copy_text(rows: Sequence[EncodedRow]) -> str:
 class _PostgresCopyInsert:
     """COPY the batch into a session-local staging table, then one INSERT ... SELECT."""
 
-    def __init__(self, dialect: Dialect) -> None:
+    def __init__(self, dialect: Dialect, pipeline: str) -> None:
+        self._pipeline = pipeline
         prep = dialect.identifier_preparer
-        staged = ", ".join(prep.quote(name) for name in INSERT_COLUMNS[:-1])
+        staged = ", ".join(prep.quote(name) for name in INSERT_COLUMNS[:-2])
         columns = ", ".join(prep.quote(name) for name in INSERT_COLUMNS)
         stage = prep.quote(_STAGE_TABLE)
         # Durable confirmations even on a server set to synchronous_commit=off; and a
@@ -168,7 +176,7 @@ class _PostgresCopyInsert:
         self._copy = f"COPY {stage} ({staged}) FROM STDIN"
         self._insert = (
             f"INSERT INTO {prep.format_table(events_table)} ({columns}) "
-            f"SELECT {staged}, %s FROM {stage}" + dedupe_conflict_clause(dialect)
+            f"SELECT {staged}, %s, %s FROM {stage}" + dedupe_conflict_clause(dialect)
         )
 
     async def __call__(
@@ -186,5 +194,5 @@ class _PostgresCopyInsert:
         # the database (the lock is held until this transaction ends), so that a sink's
         # cursor, which moves past ids it has seen, never passes an id still uncommitted.
         await conn.exec_driver_sql(_COMMIT_ORDER, {"key": COMMIT_ORDER_LOCK})
-        result = await conn.exec_driver_sql(self._insert, (created_at,))
+        result = await conn.exec_driver_sql(self._insert, (created_at, self._pipeline))
         return result.rowcount

@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy import Select, inspect
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from ..names import DEFAULT_PIPELINE
 from ._model import StoredEvent
 from ._schema import (
     TABLE_NAME,
@@ -23,14 +24,22 @@ __all__ = ["EventReader"]
 
 
 class EventReader:
-    """Queries over the event table of one engine (which the caller owns).
+    """Queries over one pipeline's rows of the event table of one engine (which the
+    caller owns).
 
     ``serialize`` is a lock shared with the writer when both must take turns on
     a single connection (an in-memory SQLite database).
     """
 
-    def __init__(self, engine: AsyncEngine, serialize: asyncio.Lock | None = None) -> None:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        serialize: asyncio.Lock | None = None,
+        *,
+        pipeline: str = DEFAULT_PIPELINE,
+    ) -> None:
         self._engine = engine
+        self.pipeline = pipeline
         self._serialize = serialize
 
     def _turn(self) -> AbstractAsyncContextManager[object]:
@@ -53,6 +62,7 @@ class EventReader:
         newest_first: bool = False,
     ) -> list[StoredEvent]:
         stmt = select_statement(
+            pipeline=self.pipeline,
             trigger_id=trigger_id,
             stream_key=stream_key,
             after_id=after_id,
@@ -65,12 +75,14 @@ class EventReader:
 
     async def count(self, *, trigger_id: str | None = None) -> int:
         async with self._turn(), self._engine.connect() as conn:
-            return await _scalar_int(conn, count_statement(trigger_id=trigger_id))
+            stmt = count_statement(pipeline=self.pipeline, trigger_id=trigger_id)
+            return await _scalar_int(conn, stmt)
 
     async def last_id(self, *, trigger_id: str | None = None) -> int:
         """The largest id stored (0 when there is none)."""
         async with self._turn(), self._engine.connect() as conn:
-            return await _scalar_int(conn, max_id_statement(trigger_id=trigger_id))
+            stmt = max_id_statement(pipeline=self.pipeline, trigger_id=trigger_id)
+            return await _scalar_int(conn, stmt)
 
     async def tail(
         self,

@@ -18,6 +18,7 @@ from sqlalchemy import ColumnElement, Select, and_, delete, exists, func, not_, 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from .._dbconf import DEFAULT_RETENTION
+from ..names import DEFAULT_PIPELINE
 from ._schema import events_table, sink_deliveries_table, sink_state_table
 
 __all__ = [
@@ -50,18 +51,20 @@ def _older(engine: AsyncEngine, cutoff: datetime) -> Any:
     return events_table.c.created_at < _bound(engine, cutoff)
 
 
-async def _prunable(conn: AsyncConnection, engine: AsyncEngine, cutoff: datetime) -> Any:
-    """Older than ``cutoff`` and held by no sink: an event a sink has not yet delivered
-    (beyond its cursor), or still retries or keeps parked, is never pruned.
+async def _prunable(
+    conn: AsyncConnection, engine: AsyncEngine, cutoff: datetime, pipeline: str
+) -> Any:
+    """``pipeline``'s, older than ``cutoff`` and held by none of its sinks: an event a
+    sink has not yet delivered (beyond its cursor), or still retries or keeps parked,
+    is never pruned. Another pipeline's rows are neither counted nor pruned.
 
     The sinks' cursors are read in the same transaction; a cursor only moves forward,
     so one read a moment old holds back more, never less.
     """
     t = events_table.c
-    condition: ColumnElement[bool] = _older(engine, cutoff)
-    sinks = (
-        await conn.execute(select(sink_state_table.c.watchers, sink_state_table.c.cursor))
-    ).all()
+    condition: ColumnElement[bool] = and_(t.pipeline == pipeline, _older(engine, cutoff))
+    s = sink_state_table.c
+    sinks = (await conn.execute(select(s.watchers, s.cursor).where(s.pipeline == pipeline))).all()
     ahead = [
         and_(t.trigger_id.in_(json.loads(watchers)), t.id > cursor)
         for watchers, cursor in sinks
@@ -70,7 +73,8 @@ async def _prunable(conn: AsyncConnection, engine: AsyncEngine, cutoff: datetime
     if ahead:
         condition = and_(condition, not_(or_(*ahead)))
         d = sink_deliveries_table.c
-        condition = and_(condition, not_(exists().where(d.event_id == t.id)))
+        held = exists().where(d.pipeline == pipeline, d.event_id == t.id)
+        condition = and_(condition, not_(held))
     return condition
 
 
@@ -78,12 +82,13 @@ async def count_older_than(
     engine: AsyncEngine,
     cutoff: datetime,
     *,
+    pipeline: str = DEFAULT_PIPELINE,
     serialize: Callable[[], AbstractAsyncContextManager[object]] | None = None,
 ) -> int:
-    """How many events were created before ``cutoff``."""
+    """How many of ``pipeline``'s events created before ``cutoff`` may be pruned."""
     async with serialize() if serialize is not None else nullcontext(), engine.connect() as conn:
         stmt: Select[Any] = select(func.count()).select_from(events_table)
-        stmt = stmt.where(await _prunable(conn, engine, cutoff))
+        stmt = stmt.where(await _prunable(conn, engine, cutoff, pipeline))
         return int((await conn.execute(stmt)).scalar() or 0)
 
 
@@ -92,10 +97,11 @@ async def prune_older_than(
     cutoff: datetime,
     *,
     batch_size: int = DEFAULT_PRUNE_BATCH,
+    pipeline: str = DEFAULT_PIPELINE,
     serialize: Callable[[], AbstractAsyncContextManager[object]] | None = None,
     on_batch: Callable[[int], None] | None = None,
 ) -> int:
-    """Delete the events created before ``cutoff``, ``batch_size`` rows per transaction;
+    """Delete ``pipeline``'s events created before ``cutoff``, ``batch_size`` rows per transaction;
     the number deleted. ``on_batch(n)`` is called after each committed batch.
 
     Rows created after the call started are never touched (the cutoff is fixed), so
@@ -109,7 +115,7 @@ async def prune_older_than(
             serialize() if serialize is not None else nullcontext(),
             engine.begin() as conn,
         ):
-            where = await _prunable(conn, engine, cutoff)
+            where = await _prunable(conn, engine, cutoff, pipeline)
             ids = select(events_table.c.id).where(where).limit(batch_size)
             stmt = delete(events_table).where(events_table.c.id.in_(ids))
             deleted = (await conn.execute(stmt)).rowcount

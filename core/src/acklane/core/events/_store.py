@@ -26,6 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from ..durations import format_duration
 from ..errors import AcklaneError
+from ..names import DEFAULT_PIPELINE, check_pipeline_name
 from ..observe.redact import redact_url
 from ..sql import (
     DEFAULT_URL,
@@ -114,6 +115,7 @@ class EventStore:
         commit_interval: float = 0.002,
         max_batch: int = 2000,
         max_pending: int = 20000,
+        pipeline: str = DEFAULT_PIPELINE,
     ) -> None:
         if commit_interval < 0:
             raise ValueError(f"commit_interval must be >= 0, not {commit_interval}")
@@ -122,6 +124,8 @@ class EventStore:
         if max_pending < 1:
             raise ValueError(f"max_pending must be >= 1, not {max_pending}")
         self.url = url
+        #: Every row this store writes, reads, counts and prunes is this pipeline's.
+        self.pipeline = check_pipeline_name(pipeline)
         self.stats = EventStoreStats()
         #: Test hook (failure injection): awaited in each write transaction after
         #: the INSERT and before COMMIT; raising makes the transaction fail.
@@ -192,7 +196,7 @@ class EventStore:
             )
         engine = async_engine(self.url)
         try:
-            self._insert = batch_insert_for(engine.dialect)
+            self._insert = batch_insert_for(engine.dialect, self.pipeline)
             await _reach(engine, self.url, self.open_timeout)
             await create_tables(engine)
         except BaseException:
@@ -202,7 +206,7 @@ class EventStore:
             self._serialize = asyncio.Lock()
         self._engine = engine
         self._pg = engine.dialect.name == "postgresql"
-        self._reader = EventReader(engine, self._serialize)
+        self._reader = EventReader(engine, self._serialize, pipeline=self.pipeline)
         self._state = "open"
         self._writer = asyncio.create_task(self._write_loop(), name="acklane-event-store-writer")
 
@@ -586,9 +590,9 @@ class EventStore:
     # -- retention -------------------------------------------------------------------
 
     async def count_older_than(self, cutoff: datetime) -> int:
-        """How many stored events were created before ``cutoff``."""
+        """How many of the pipeline's stored events created before ``cutoff`` may be pruned."""
         engine = self._open_engine()
-        return await count_older_than(engine, cutoff, serialize=self._turn)
+        return await count_older_than(engine, cutoff, pipeline=self.pipeline, serialize=self._turn)
 
     async def prune(
         self,
@@ -607,7 +611,12 @@ class EventStore:
                 on_batch(n)
 
         return await prune_older_than(
-            engine, cutoff, batch_size=batch_size, serialize=self._turn, on_batch=counted
+            engine,
+            cutoff,
+            batch_size=batch_size,
+            pipeline=self.pipeline,
+            serialize=self._turn,
+            on_batch=counted,
         )
 
     async def run_retention_forever(

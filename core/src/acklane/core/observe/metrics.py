@@ -277,7 +277,8 @@ def _lag_metrics(runner: Runner) -> Iterator[Metric]:
 
 def _sink_metrics(runner: Runner) -> Iterator[Metric]:
     """Per sink: deliveries by outcome, lag, the oldest pending event's age, parked events,
-    whether this process delivers it, and the stored -> delivered latency."""
+    whether this process delivers it, and the stored -> delivered latency. The gauges
+    counted from the store's rows say whose rows they counted (``pipeline``)."""
     dispatcher = runner.sinks
     if dispatcher is None:
         return
@@ -291,15 +292,15 @@ def _sink_metrics(runner: Runner) -> Iterator[Metric]:
     lag = GaugeMetricFamily(
         "acklane_sink_lag_events",
         "Stored events not yet delivered nor parked (pending, in flight, retrying)",
-        labels=["sink"],
+        labels=["pipeline", "sink"],
     )
     oldest = GaugeMetricFamily(
         "acklane_sink_oldest_pending_seconds",
         "Age of the oldest event not yet delivered nor parked (0 when none)",
-        labels=["sink"],
+        labels=["pipeline", "sink"],
     )
     parked = GaugeMetricFamily(
-        "acklane_sink_parked_events", "Events parked for the sink", labels=["sink"]
+        "acklane_sink_parked_events", "Events parked for the sink", labels=["pipeline", "sink"]
     )
     holding = GaugeMetricFamily(
         "acklane_sink_delivering",
@@ -320,10 +321,11 @@ def _sink_metrics(runner: Runner) -> Iterator[Metric]:
         holding.add_metric([s.sink], 1.0 if s.holding else 0.0)
         status = s.status
         if status is not None:
-            lag.add_metric([s.sink], status.lag)
-            parked.add_metric([s.sink], status.parked)
+            row = [dispatcher.pipeline, s.sink]
+            lag.add_metric(row, status.lag)
+            parked.add_metric(row, status.parked)
             first = status.oldest_pending_at
-            oldest.add_metric([s.sink], 0.0 if first is None else (now - first).total_seconds())
+            oldest.add_metric(row, 0.0 if first is None else (now - first).total_seconds())
         cumulative, buckets = 0, []
         for bound, n in zip(LATENCY_BUCKETS, list(s.latency_buckets), strict=True):
             cumulative += n

@@ -5,7 +5,11 @@ belongs to. The count and the last error live in one small table of the event st
 database (``store.url``: SQLite or PostgreSQL), one row per message that failed and is
 not resolved yet::
 
-    acklane_message_attempts(stream_key, message_id, attempts, last_error, watcher, updated_at)
+    acklane_message_attempts(pipeline, stream_key, message_id, attempts, last_error,
+                             watcher, updated_at)
+
+Each pipeline (``pipeline:`` of the configuration) counts its own: two pipelines
+reading one queue each judge a message by their own watchers' failures.
 
 A row is added (or its count raised by one, atomically, so several engines sharing
 one PostgreSQL database add up) when a watcher fails on the message, and removed once
@@ -39,6 +43,8 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from ..events import storable_stream_key
+from ..events._schema import column_names, key_by_pipeline
+from ..names import DEFAULT_PIPELINE
 from ..sql import async_engine, create_schema
 
 __all__ = ["STALE_AFTER", "TABLE_NAME", "AttemptRecord", "AttemptStore", "attempts_table"]
@@ -58,6 +64,7 @@ metadata = MetaData()
 attempts_table = Table(
     TABLE_NAME,
     metadata,
+    Column("pipeline", Text(), primary_key=True),
     Column("stream_key", Text(), primary_key=True),
     Column("message_id", Text(), primary_key=True),
     Column("attempts", Integer(), nullable=False),
@@ -88,8 +95,9 @@ def storable_message_id(message_id: str) -> bool:
 class AttemptStore:
     """The table of failed attempts on one database (the event store's ``store.url``)."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, pipeline: str = DEFAULT_PIPELINE) -> None:
         self.url = url
+        self.pipeline = pipeline
         self._engine: AsyncEngine | None = None
 
     async def open(self, *, tries: int = 5) -> None:
@@ -125,10 +133,14 @@ class AttemptStore:
         async with self._opened().begin() as conn:
             stale = datetime.now(UTC) - STALE_AFTER
             await conn.execute(
-                delete(attempts_table).where(t.stream_key == key, t.updated_at < stale)
+                delete(attempts_table).where(
+                    t.pipeline == self.pipeline, t.stream_key == key, t.updated_at < stale
+                )
             )
             rows = await conn.execute(
-                select(t.message_id, t.attempts, t.last_error, t.watcher).where(t.stream_key == key)
+                select(t.message_id, t.attempts, t.last_error, t.watcher).where(
+                    t.pipeline == self.pipeline, t.stream_key == key
+                )
             )
             return {
                 row.message_id: AttemptRecord(row.attempts, row.last_error, row.watcher)
@@ -142,6 +154,7 @@ class AttemptStore:
         key = storable_stream_key(stream_key)
         t = attempts_table.c
         values: dict[str, Any] = {
+            "pipeline": self.pipeline,
             "stream_key": key,
             "message_id": message_id,
             "attempts": times,
@@ -153,7 +166,7 @@ class AttemptStore:
             insert = pg_insert if conn.dialect.name == "postgresql" else sqlite_insert
             stmt = insert(attempts_table).values(values)
             stmt = stmt.on_conflict_do_update(
-                index_elements=[t.stream_key, t.message_id],
+                index_elements=[t.pipeline, t.stream_key, t.message_id],
                 set_={
                     "attempts": t.attempts + stmt.excluded.attempts,
                     "last_error": stmt.excluded.last_error,
@@ -165,7 +178,7 @@ class AttemptStore:
             row = (
                 await conn.execute(
                     select(t.attempts, t.last_error, t.watcher).where(
-                        t.stream_key == key, t.message_id == message_id
+                        t.pipeline == self.pipeline, t.stream_key == key, t.message_id == message_id
                     )
                 )
             ).one()
@@ -181,9 +194,16 @@ class AttemptStore:
             for start in range(0, len(message_ids), 500):
                 chunk = list(message_ids[start : start + 500])
                 await conn.execute(
-                    delete(attempts_table).where(t.stream_key == key, t.message_id.in_(chunk))
+                    delete(attempts_table).where(
+                        t.pipeline == self.pipeline,
+                        t.stream_key == key,
+                        t.message_id.in_(chunk),
+                    )
                 )
 
 
 def _create(conn: Connection) -> None:
     metadata.create_all(conn, checkfirst=True)
+    if "pipeline" not in column_names(conn, TABLE_NAME):
+        # counts of a store written before pipelines: the default pipeline's
+        key_by_pipeline(conn, attempts_table)

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Final
 
 from ..connectors._stream_settings import DEFAULT_MAX_ATTEMPTS, MaxAttempts
 from ..connectors.deadletter import bounded_text
+from ..names import DEFAULT_PIPELINE
 from ..observe.redact import redact
 
 if TYPE_CHECKING:
@@ -213,11 +214,11 @@ class PoisonPolicy:
         if book is not None:
             book.advanced += count
 
-    async def open(self, url: str) -> None:
-        """Open the table of failed attempts in the database at ``url``."""
+    async def open(self, url: str, *, pipeline: str = DEFAULT_PIPELINE) -> None:
+        """Open ``pipeline``'s failed attempts in the database at ``url``."""
         from .attempts import AttemptStore
 
-        store = AttemptStore(url)
+        store = AttemptStore(url, pipeline=pipeline)
         await store.open()
         self._store = store
         self._lock = asyncio.Lock()

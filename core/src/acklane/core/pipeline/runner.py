@@ -631,6 +631,7 @@ class Runner:
                 self.manager.confirm_persisted if tracer is None else self._on_confirmed_traced
             ),
             commit_interval=self.config.store.commit_interval_ms / 1000.0,
+            pipeline=self.config.pipeline,
         )
         try:
             await store.open()
@@ -640,11 +641,12 @@ class Runner:
             raise
         self._store = store
         health.store = store
+        await self._warn_if_pipeline_shared(store)
         backend: StateBackend | None = None
         dispatcher: Dispatcher | None = None
         try:
             dispatcher = await self._start_sinks(store)
-            await self.poison.open(self.config.store.url)
+            await self.poison.open(self.config.store.url, pipeline=self.config.pipeline)
             backend = self._open_state_backend()
             cohorts = self._cohorts()
             for c in cohorts:
@@ -713,6 +715,45 @@ class Runner:
         except Exception as exc:  # TimeoutError included: those spans are lost
             log.warning("Exporting the last spans failed: %s", _why(exc))
 
+    async def _warn_if_pipeline_shared(self, store: EventStore) -> None:
+        """Warn when this pipeline's newest stored event of a watcher came from another
+        stream than the watcher reads now: another configuration with the same
+        ``pipeline:`` (``default`` when unset) writes to this store, and its events and
+        this one's are one pipeline's (each one's sinks deliver the other's), or the
+        stream's settings changed since. One indexed read per watcher; a failure to
+        read only skips the check."""
+        from ..events import storable_stream_key
+
+        pipeline = self.config.pipeline
+        for watcher in self.config.watchers:
+            stream = self.config.streams.get(watcher.stream)
+            if stream is None:
+                continue
+            mine = storable_stream_key(stream_key_text(stream.key))
+            try:
+                newest = await store.list_events(
+                    trigger_id=watcher.name, limit=1, newest_first=True
+                )
+            except Exception as exc:
+                log.debug("pipeline %s: checking for a shared name failed: %s", pipeline, exc)
+                return
+            if newest and newest[0].stream_key != mine:
+                log.warning(
+                    "Pipeline %r: the newest stored event of watcher %s came from stream "
+                    "key %s, not %s (stream %s of %s). Another configuration with the "
+                    "pipeline name %r shares this store, and the two are one pipeline to "
+                    "it (each one's sinks deliver the other's events), or the stream's "
+                    "settings changed since. Give each configuration its own pipeline: name "
+                    "(docs/configuration.md, pipeline).",
+                    pipeline,
+                    watcher.name,
+                    newest[0].stream_key,
+                    mine,
+                    watcher.stream,
+                    self.config.source,
+                    pipeline,
+                )
+
     async def _start_sinks(self, store: EventStore) -> Dispatcher | None:
         """The sinks' dispatcher, woken by each commit of new events (and, on PostgreSQL,
         by the commits of other processes), when some watcher has sinks."""
@@ -728,6 +769,8 @@ class Runner:
             sinks,
             shutdown_timeout=self.config.engine.shutdown_timeout,
             notify_channel=SINK_CHANNEL,
+            pipeline=self.config.pipeline,
+            streams={w.name: w.stream for w in self.config.watchers},
         )
         store.notify_channel = SINK_CHANNEL
         store.add_commit_listener(dispatcher.wake)

@@ -116,13 +116,16 @@ class Delivery:
     created_at: datetime
     #: 1 for the first attempt at this sink, 2 for the first retry, ...
     attempt: int = 1
+    #: The stream's name in the configuration (its watcher's ``stream:``), what the
+    #: sinks send as ``stream``; None when not known (then the key is sent).
+    stream_name: str | None = None
 
     def acklane_fields(self) -> dict[str, Any]:
         """acklane's own fields, as every sink carries them beside the payload."""
         return {
             "event_id": self.event_id,
             "watcher": self.watcher,
-            "stream": self.stream,
+            "stream": self.stream if self.stream_name is None else self.stream_name,
             "message_id": self.message_id,
             "position": self.position,
             "stored_at": self.created_at.isoformat(),

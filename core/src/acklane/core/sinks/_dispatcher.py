@@ -36,6 +36,7 @@ from time import monotonic as _monotonic
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from ..names import DEFAULT_PIPELINE
 from ..observe.redact import redact
 from ..sql import async_engine
 from ._base import Delivery, DeliveryResult, RefusedDelivery, Sink
@@ -99,10 +100,20 @@ class SinkWorker:
         lease_ttl: float = 15.0,
         poll_interval: float = 2.0,
         window: int | None = None,
+        pipeline: str = DEFAULT_PIPELINE,
+        streams: Mapping[str, str] | None = None,
     ) -> None:
         self.sink = sink
         self.settings: SinkSettings = sink.settings
-        self.outbox = Outbox(engine, sink.name, watchers, owner, start=self.settings.start)
+        self.outbox = Outbox(
+            engine,
+            sink.name,
+            watchers,
+            owner,
+            start=self.settings.start,
+            pipeline=pipeline,
+            streams=streams,
+        )
         self.stats = SinkStats(sink.name, sink.kind)
         self.lease_ttl = lease_ttl
         self.poll_interval = poll_interval
@@ -460,8 +471,14 @@ class Dispatcher:
         status_interval: float = 5.0,
         shutdown_timeout: float = 30.0,
         notify_channel: str | None = None,
+        pipeline: str = DEFAULT_PIPELINE,
+        streams: Mapping[str, str] | None = None,
     ) -> None:
         self.url = url
+        #: The pipeline whose events the sinks deliver (and whose rows they keep).
+        self.pipeline = pipeline
+        #: Each watcher's stream name (``stream`` of what the sinks send).
+        self.streams = streams
         self.owner = owner or worker_owner()
         self._specs = list(sinks)
         self._lease_ttl = lease_ttl
@@ -502,6 +519,8 @@ class Dispatcher:
                 self.owner,
                 lease_ttl=self._lease_ttl,
                 poll_interval=self._poll_interval,
+                pipeline=self.pipeline,
+                streams=self.streams,
             )
             for sink, watchers in self._specs
         ]
@@ -539,7 +558,9 @@ class Dispatcher:
         while True:
             try:
                 statuses = await sink_status(
-                    self._engine, {w.sink.name: w.outbox.watchers for w in self.workers}
+                    self._engine,
+                    {w.sink.name: w.outbox.watchers for w in self.workers},
+                    pipeline=self.pipeline,
                 )
             except Exception as exc:
                 _raise_if_cancelling()

@@ -1,6 +1,6 @@
 """The delivery state of each sink, in the event store's database (SQLite or PostgreSQL).
 
-Per sink, one row of ``acklane_sink_state`` (a cursor in store order, a lease, a
+Per sink of a pipeline, one row of ``acklane_sink_state`` (a cursor in store order, a lease, a
 count of deliveries) and the exceptions to the cursor in
 ``acklane_sink_deliveries`` (events retrying or parked). See
 :mod:`acklane.core.events._schema` for the tables and docs/sinks.md for why a
@@ -14,6 +14,10 @@ cursor plus exceptions is as safe as a row per delivery:
   still to be committed;
 - only the lease holder moves the cursor: each of its writes checks the owner,
   so a process that lost its lease (paused, partitioned) cannot settle anything.
+
+Every row is keyed by the pipeline too (the sink's configuration's ``pipeline:``), and
+a sink takes only its own pipeline's events: two pipelines sharing a database with the
+same sink and watcher names never see each other's.
 
 This module is only SQL; :mod:`._dispatcher` decides what to write.
 """
@@ -33,6 +37,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from ..events import events_table, sink_deliveries_table, sink_state_table
+from ..names import DEFAULT_PIPELINE
 from ._base import Delivery, SinkError, event_id_for
 
 __all__ = [
@@ -144,7 +149,7 @@ def _stamp(engine: AsyncEngine, value: datetime) -> datetime:
     return value.replace(tzinfo=None) if engine.dialect.name == "sqlite" else value
 
 
-def _delivery(row: Any, attempt: int) -> Delivery:
+def _delivery(row: Any, attempt: int, streams: Mapping[str, str] | None = None) -> Delivery:
     """A row of ``_EVENT_COLUMNS`` (first seven fields, by position: a Row's attribute
     lookup costs more than the rest of this) as a Delivery."""
     store_id, watcher, stream, payload, message_id, position, created = row[:7]
@@ -166,6 +171,7 @@ def _delivery(row: Any, attempt: int) -> Delivery:
         payload=_decode(payload),
         created_at=created_at,
         attempt=attempt,
+        stream_name=None if streams is None else streams.get(watcher),
     )
 
 
@@ -198,8 +204,13 @@ class Outbox:
         owner: str,
         *,
         start: str = "all",
+        pipeline: str = DEFAULT_PIPELINE,
+        streams: Mapping[str, str] | None = None,
     ) -> None:
         self.engine = engine
+        self.pipeline = pipeline
+        #: watcher -> its stream's name, what a delivery says its stream is
+        self.streams = streams
         self.sink = sink
         self.watchers = tuple(watchers)
         self.owner = owner
@@ -211,6 +222,14 @@ class Outbox:
     def _now(self) -> datetime:
         return datetime.now(UTC)
 
+    def _mine(self) -> Any:
+        """The sink's state row."""
+        return and_(_S.pipeline == self.pipeline, _S.sink == self.sink)
+
+    def _rows(self) -> Any:
+        """The sink's delivery rows."""
+        return and_(_D.pipeline == self.pipeline, _D.sink == self.sink)
+
     # -- registration and lease --------------------------------------------------------
 
     async def register(self) -> None:
@@ -221,8 +240,10 @@ class Outbox:
         async with self.engine.begin() as conn:
             start = 0
             if self._start == "new":
-                start = int((await conn.execute(select(func.max(_E.id)))).scalar() or 0)
+                newest = select(func.max(_E.id)).where(_E.pipeline == self.pipeline)
+                start = int((await conn.execute(newest)).scalar() or 0)
             stmt = _upsert(self.engine)(sink_state_table).values(
+                pipeline=self.pipeline,
                 sink=self.sink,
                 watchers=watchers,
                 cursor=start,
@@ -233,7 +254,9 @@ class Outbox:
                 updated_at=now,
             )
             await conn.execute(
-                stmt.on_conflict_do_update(index_elements=[_S.sink], set_={"watchers": watchers})
+                stmt.on_conflict_do_update(
+                    index_elements=[_S.pipeline, _S.sink], set_={"watchers": watchers}
+                )
             )
 
     async def acquire(self, ttl: float) -> bool:
@@ -246,20 +269,18 @@ class Outbox:
         until = _stamp(self.engine, now + timedelta(seconds=ttl))
         stamp_now = _stamp(self.engine, now)
         async with self.engine.begin() as conn:
-            held_by = (await conn.execute(select(_S.owner).where(_S.sink == self.sink))).scalar()
+            held_by = (await conn.execute(select(_S.owner).where(self._mine()))).scalar()
             free = or_(_S.owner.is_(None), _S.owner == self.owner, _S.lease_until < stamp_now)
             if held_by is not None and held_by != self.owner and _gone(held_by):
                 free = or_(free, _S.owner == held_by)
             result = await conn.execute(
                 update(sink_state_table)
-                .where(_S.sink == self.sink, free)
+                .where(self._mine(), free)
                 .values(owner=self.owner, lease_until=until, updated_at=stamp_now)
             )
             if result.rowcount != 1:
                 return False
-            row = (
-                await conn.execute(select(_S.cursor, _S.claimed_to).where(_S.sink == self.sink))
-            ).one()
+            row = (await conn.execute(select(_S.cursor, _S.claimed_to).where(self._mine()))).one()
         self.cursor, self.claimed_to = int(row.cursor), int(row.claimed_to)
         return True
 
@@ -269,7 +290,7 @@ class Outbox:
         async with self.engine.begin() as conn:
             result = await conn.execute(
                 update(sink_state_table)
-                .where(_S.sink == self.sink, _S.owner == self.owner)
+                .where(self._mine(), _S.owner == self.owner)
                 .values(
                     lease_until=_stamp(self.engine, now + timedelta(seconds=ttl)),
                     updated_at=_stamp(self.engine, now),
@@ -283,7 +304,7 @@ class Outbox:
         async with self.engine.begin() as conn:
             await conn.execute(
                 update(sink_state_table)
-                .where(_S.sink == self.sink, _S.owner == self.owner)
+                .where(self._mine(), _S.owner == self.owner)
                 .values(owner=None, lease_until=None)
             )
 
@@ -295,7 +316,7 @@ class Outbox:
             row = (
                 await conn.execute(
                     select(func.count(), func.min(_D.next_attempt_at)).where(
-                        _D.sink == self.sink, _D.state == "retry"
+                        self._rows(), _D.state == "retry"
                     )
                 )
             ).one()
@@ -307,14 +328,15 @@ class Outbox:
         stmt = (
             select(*_EVENT_COLUMNS, _D.attempts, _D.unsure)
             .select_from(sink_deliveries_table.join(events_table, _E.id == _D.event_id))
-            .where(_D.sink == self.sink, _D.state == "retry", _D.next_attempt_at <= now)
+            .where(self._rows(), _D.state == "retry", _D.next_attempt_at <= now)
             .order_by(_D.event_id)
             .limit(limit)
         )
         async with self.engine.connect() as conn:
             rows = (await conn.execute(stmt)).all()
         return [
-            StoredWork(_delivery(r, r.attempts + 1), r.attempts, bool(r.unsure), True) for r in rows
+            StoredWork(_delivery(r, r.attempts + 1, self.streams), r.attempts, bool(r.unsure), True)
+            for r in rows
         ]
 
     async def fresh(self, limit: int) -> list[StoredWork]:
@@ -322,13 +344,20 @@ class Outbox:
         (up to its ``claimed_to``) are marked unsure."""
         stmt = (
             select(*_EVENT_COLUMNS)
-            .where(_E.id > self.cursor, _E.trigger_id.in_(self.watchers))
+            .where(
+                _E.id > self.cursor,
+                _E.trigger_id.in_(self.watchers),
+                _E.pipeline == self.pipeline,
+            )
             .order_by(_E.id)
             .limit(limit)
         )
         async with self.engine.connect() as conn:
             rows = (await conn.execute(stmt)).all()
-        return [StoredWork(_delivery(r, 1), 0, r.id <= self.claimed_to, False) for r in rows]
+        streams = self.streams
+        return [
+            StoredWork(_delivery(r, 1, streams), 0, r.id <= self.claimed_to, False) for r in rows
+        ]
 
     async def claim(self, up_to: int) -> None:
         """Record that events up to ``up_to`` may be sent before the next settlement."""
@@ -337,7 +366,7 @@ class Outbox:
         async with self.engine.begin() as conn:
             result = await conn.execute(
                 update(sink_state_table)
-                .where(_S.sink == self.sink, _S.owner == self.owner)
+                .where(self._mine(), _S.owner == self.owner)
                 .values(claimed_to=up_to)
             )
             if result.rowcount != 1:
@@ -361,7 +390,7 @@ class Outbox:
         async with self.engine.begin() as conn:
             result = await conn.execute(
                 update(sink_state_table)
-                .where(_S.sink == self.sink, _S.owner == self.owner)
+                .where(self._mine(), _S.owner == self.owner)
                 .values(
                     cursor=case((_S.cursor < cursor, literal(cursor)), else_=_S.cursor),
                     claimed_to=case((_S.claimed_to < cursor, literal(cursor)), else_=_S.claimed_to),
@@ -373,12 +402,10 @@ class Outbox:
                 raise LeaseLost(self.sink)
             if cleared:
                 await conn.execute(
-                    delete(sink_deliveries_table).where(
-                        _D.sink == self.sink, _D.event_id.in_(cleared)
-                    )
+                    delete(sink_deliveries_table).where(self._rows(), _D.event_id.in_(cleared))
                 )
             if failures:
-                await _write_failures(conn, self.engine, self.sink, failures, now)
+                await _write_failures(conn, self.engine, self.pipeline, self.sink, failures, now)
         self.cursor = max(self.cursor, cursor)
         self.claimed_to = max(self.claimed_to, self.cursor)
 
@@ -386,12 +413,14 @@ class Outbox:
 async def _write_failures(
     conn: AsyncConnection,
     engine: AsyncEngine,
+    pipeline: str,
     sink: str,
     failures: Sequence[Failure],
     now: datetime,
 ) -> None:
     rows = [
         {
+            "pipeline": pipeline,
             "sink": sink,
             "event_id": f.store_id,
             "state": f.state,
@@ -423,23 +452,33 @@ async def _put_rows(
     stmt = _upsert(engine)(sink_deliveries_table)
     excluded = stmt.excluded
     replaced = {name: excluded[name] for name in _ROW_FIELDS if name not in keep}
-    await conn.execute(
-        stmt.on_conflict_do_update(index_elements=[_D.sink, _D.event_id], set_=replaced), rows
-    )
+    key = [_D.pipeline, _D.sink, _D.event_id]
+    await conn.execute(stmt.on_conflict_do_update(index_elements=key, set_=replaced), rows)
 
 
 # -- what the CLI reads and writes (any process, no lease needed) ---------------------------
 
 
-async def sink_status(engine: AsyncEngine, sinks: Mapping[str, Sequence[str]]) -> list[SinkStatus]:
-    """The status of each named sink (with its watchers), in the order given."""
+async def sink_status(
+    engine: AsyncEngine,
+    sinks: Mapping[str, Sequence[str]],
+    *,
+    pipeline: str = DEFAULT_PIPELINE,
+) -> list[SinkStatus]:
+    """The status of each named sink of ``pipeline`` (with its watchers), in the order
+    given; only that pipeline's rows are counted."""
     out: list[SinkStatus] = []
     async with engine.connect() as conn:
         for name, watchers in sinks.items():
-            state = (await conn.execute(select(sink_state_table).where(_S.sink == name))).first()
+            state = (
+                await conn.execute(
+                    select(sink_state_table).where(_S.pipeline == pipeline, _S.sink == name)
+                )
+            ).first()
+            rows = and_(_D.pipeline == pipeline, _D.sink == name)
             cursor = int(state.cursor) if state is not None else 0
             claimed = int(state.claimed_to) if state is not None else 0
-            mine = _E.trigger_id.in_(list(watchers))
+            mine = and_(_E.pipeline == pipeline, _E.trigger_id.in_(list(watchers)))
             beyond = (
                 await conn.execute(
                     select(
@@ -452,7 +491,7 @@ async def sink_status(engine: AsyncEngine, sinks: Mapping[str, Sequence[str]]) -
             counts: dict[str, int] = dict(
                 (
                     await conn.execute(
-                        select(_D.state, func.count()).where(_D.sink == name).group_by(_D.state)
+                        select(_D.state, func.count()).where(rows).group_by(_D.state)
                     )
                 ).all()
             )
@@ -460,7 +499,7 @@ async def sink_status(engine: AsyncEngine, sinks: Mapping[str, Sequence[str]]) -
                 await conn.execute(
                     select(func.min(_E.created_at))
                     .select_from(sink_deliveries_table.join(events_table, _E.id == _D.event_id))
-                    .where(_D.sink == name, _D.state == "retry")
+                    .where(rows, _D.state == "retry")
                 )
             ).scalar()
             oldest = [t for t in (_aware(beyond[2]), _aware(oldest_retry)) if t is not None]
@@ -481,12 +520,14 @@ async def sink_status(engine: AsyncEngine, sinks: Mapping[str, Sequence[str]]) -
     return out
 
 
-async def parked_events(engine: AsyncEngine, sink: str, *, limit: int = 100) -> list[ParkedEvent]:
-    """The events parked for ``sink``, oldest first, with their reasons."""
+async def parked_events(
+    engine: AsyncEngine, sink: str, *, limit: int = 100, pipeline: str = DEFAULT_PIPELINE
+) -> list[ParkedEvent]:
+    """The events parked for ``pipeline``'s ``sink``, oldest first, with their reasons."""
     stmt = (
         select(*_EVENT_COLUMNS, _D.attempts, _D.last_error, _D.updated_at.label("parked_at"))
         .select_from(sink_deliveries_table.join(events_table, _E.id == _D.event_id))
-        .where(_D.sink == sink, _D.state == "parked")
+        .where(_D.pipeline == pipeline, _D.sink == sink, _D.state == "parked")
         .order_by(_D.event_id)
         .limit(limit)
     )
@@ -504,11 +545,16 @@ async def parked_events(engine: AsyncEngine, sink: str, *, limit: int = 100) -> 
 
 
 async def retry_parked(
-    engine: AsyncEngine, sink: str, *, event_ids: Sequence[str] | None = None
+    engine: AsyncEngine,
+    sink: str,
+    *,
+    event_ids: Sequence[str] | None = None,
+    pipeline: str = DEFAULT_PIPELINE,
 ) -> int:
-    """Give parked events of ``sink`` another round of attempts, now (all of them, or
+    """Give parked events of ``pipeline``'s ``sink`` another round of attempts, now (all of them, or
     those whose event id is in ``event_ids``); how many."""
     now = _stamp(engine, datetime.now(UTC))
+    parked = and_(_D.pipeline == pipeline, _D.sink == sink, _D.state == "parked")
     async with engine.begin() as conn:
         if event_ids is None:
             store_ids = None
@@ -518,13 +564,13 @@ async def retry_parked(
                 await conn.execute(
                     select(*_EVENT_COLUMNS)
                     .select_from(sink_deliveries_table.join(events_table, _E.id == _D.event_id))
-                    .where(_D.sink == sink, _D.state == "parked")
+                    .where(parked)
                 )
             ).all()
             store_ids = [r.id for r in rows if _delivery(r, 0).event_id in wanted]
             if not store_ids:
                 return 0
-        stmt = update(sink_deliveries_table).where(_D.sink == sink, _D.state == "parked")
+        stmt = update(sink_deliveries_table).where(parked)
         if store_ids is not None:
             stmt = stmt.where(_D.event_id.in_(store_ids))
         result = await conn.execute(
@@ -539,16 +585,19 @@ async def replay_events(
     watcher: str,
     *,
     since: datetime | None = None,
+    pipeline: str = DEFAULT_PIPELINE,
 ) -> int:
     """Deliver again the stored events of ``watcher`` (stored at or after ``since``) that
     ``sink`` is past, with their original ids; how many were queued. Events the sink
     has not reached yet are delivered anyway and are not counted."""
     now = _stamp(engine, datetime.now(UTC))
     async with engine.begin() as conn:
-        state = (await conn.execute(select(_S.cursor).where(_S.sink == sink))).scalar()
+        state = (
+            await conn.execute(select(_S.cursor).where(_S.pipeline == pipeline, _S.sink == sink))
+        ).scalar()
         if state is None:
             return 0
-        where = [_E.trigger_id == watcher, _E.id <= int(state)]
+        where = [_E.pipeline == pipeline, _E.trigger_id == watcher, _E.id <= int(state)]
         if since is not None:
             where.append(_E.created_at >= _stamp(engine, since))
         ids = [r[0] for r in (await conn.execute(select(_E.id).where(and_(*where)))).all()]
@@ -556,6 +605,7 @@ async def replay_events(
             return 0
         rows = [
             {
+                "pipeline": pipeline,
                 "sink": sink,
                 "event_id": i,
                 "state": "retry",
