@@ -51,9 +51,8 @@ class Recording(Sink):
         exactly_once: bool = False,
         **policy: Any,
     ) -> None:
-        settings = SinkSettings(
-            name=name, kind="test", backoff_initial=0.01, backoff_max=0.05, **policy
-        )
+        fast = {"backoff_initial": 0.01, "backoff_max": 0.05}
+        settings = SinkSettings(name=name, kind="test", **(fast | policy))
         super().__init__(settings)
         self.behave = behave or (lambda d: None)
         self.sent: list[Delivery] = []
@@ -148,7 +147,8 @@ async def test_retry_after_is_waited_for(sqlite_url: str) -> None:
         seen.append(datetime.now(UTC))
         return RetryableDelivery("HTTP 429", retry_after=1.0) if len(seen) == 1 else None
 
-    sink = Recording(behave=slow_down)
+    # A retry_after is honoured up to backoff_max (test_hostile_sinks: an absurd one is capped)
+    sink = Recording(behave=slow_down, backoff_max=5.0)
     async with running(sqlite_url, sink) as (store, _):
         await put(store, [1])
         await eventually(lambda: len(sink.delivered) == 1)
