@@ -23,7 +23,7 @@ from ..trigger import (
     uses_ack_channel,
 )
 from ._common import aclose_iter, log
-from ._ledger import _FAST_RUN, ACKED, FAILED, _Entry, _outcome, _Run
+from ._ledger import _FAST_RUN, ACKED, FAILED, REJECTED, _Entry, _outcome, _Run
 from ._subscriber import _Inline, _Subscriber
 from ._types import GroupStats, Rejected, _new_tuple
 
@@ -221,21 +221,27 @@ class _Group:
 
     # -- resolution and the pump
 
-    def resolve(self, entry: _Entry, kind: int) -> None:
-        """One snapshot member resolved ``entry``: ACKED, FAILED or REJECTED."""
+    def resolve(self, entry: _Entry, kind: int, n: int = 1) -> None:
+        """``n`` snapshot members resolved ``entry``: ACKED, FAILED or REJECTED.
+
+        The one resolve-and-ack routine: every path (a queued member moving on, an
+        inline evaluation, a confirmation, a failure, a poisoned message) counts here,
+        and the pump learns here that a lane's head is resolved.
+        """
         if self.frozen:
             return
         stats = self.stats
         if kind == ACKED:  # (an entry's acks are not counted: see _Run.n)
-            stats.acked += 1
+            stats.acked += n
         elif kind == FAILED:
-            entry.marked().failed += 1
-            stats.failed += 1
+            entry.marked().failed += n
+            stats.failed += n
         else:
-            entry.marked().rejected += 1
-            stats.rejected += 1
-        entry.remaining -= 1
-        if entry.remaining == 0 and entry.lane_q[0] is entry:
+            entry.marked().rejected += n
+            stats.rejected += n
+        remaining = entry.remaining - n
+        entry.remaining = remaining
+        if remaining == 0 and entry.lane_q[0] is entry:
             self._lane_ready(entry)
 
     def _lane_ready(self, entry: _Entry) -> None:
@@ -489,21 +495,18 @@ class _Group:
         later entries as failed (they counted it); a failed group stops it all."""
         deliver = self._deliver_inline
         verdict_of = self._inline_verdict
-        stats = self.stats
         # (member, its evaluate) for the members evaluated here directly: not windowed
         plain = [
-            (sub, sub.inline.evaluate, sub.inline.emit)
+            (sub, sub.inline.evaluate)
             for sub in inline
             if sub.inline is not None and not sub.inline.windowed
         ]
-        acking = self.acking
-        bind = self.manager._bind
         windowed = [sub for sub in inline if sub.inline is not None and sub.inline.windowed]
         tracer = self.manager.tracer  # OpenTelemetry spans, or None (tracing off)
         for entry in entries:
             raw = entry.raw
             empty = 0  # members on which nothing fired: acked together, after the loop
-            for sub, evaluate, emit in plain:
+            for sub, evaluate in plain:
                 if sub.failure is not None or sub.closed:
                     self.resolve(entry, FAILED)
                     continue
@@ -522,28 +525,6 @@ class _Group:
                 if type(verdict) is list and not verdict:
                     empty += 1
                     continue
-                if type(verdict) is list and len(verdict) == 1 and acking:
-                    # _inline_verdict for one payload, inlined (a watcher that fires
-                    # fires once, most often): bound, emitted, then the window closes
-                    sub.current = entry
-                    try:
-                        emit(verdict[0], bind(sub, entry))
-                    except Exception as exc:  # the emitter's own error, not the message's
-                        self.force_fail(sub, exc)
-                        if self.frozen:
-                            return
-                        continue
-                    if self.frozen:
-                        return  # its emit failed the group: nothing more
-                    if sub.current is not entry:
-                        continue  # failed or closed by emit: that resolved it
-                    binding = sub.binding
-                    if not sub.rejected_current and (binding is None or binding.pending == 0):
-                        sub.current = None
-                        empty += 1  # acked (every emitted event confirmed): with the others
-                    else:
-                        sub.move_past()
-                    continue
                 verdict_of(sub, entry, verdict)
                 if self.frozen:
                     return  # its emit failed the group: nothing more
@@ -554,14 +535,8 @@ class _Group:
                         return
                 else:
                     self.resolve(entry, FAILED)
-            if empty:
-                # resolve(entry, ACKED) for each of them, at once (members on which
-                # nothing fired, and those whose one event was confirmed at once)
-                stats.acked += empty
-                remaining = entry.remaining - empty
-                entry.remaining = remaining
-                if remaining == 0 and entry.lane_q[0] is entry:
-                    self._lane_ready(entry)
+            if empty:  # the members on which nothing fired, acked at once
+                self.resolve(entry, ACKED, empty)
 
     def _deliver_inline(self, sub: _Subscriber, entry: _Entry) -> None:
         """One inline member takes one raw event: the window opens, the filter runs, each
@@ -591,13 +566,9 @@ class _Group:
             tracer.verdict(sub, entry, verdict)
         if not windowed and type(verdict) is list and not verdict:
             # nothing fires (most evaluations, with many watchers): acked at once, no
-            # window ever opened (resolve(entry, ACKED) inlined)
-            if self.acking and not self.frozen:
-                self.stats.acked += 1
-                remaining = entry.remaining - 1
-                entry.remaining = remaining
-                if remaining == 0 and entry.lane_q[0] is entry:
-                    self._lane_ready(entry)
+            # window ever opened
+            if self.acking:
+                self.resolve(entry, ACKED)
             return
         self._inline_verdict(sub, entry, verdict)
 
@@ -614,8 +585,7 @@ class _Group:
                         "reject_shared_stream_event() called outside a binding window; "
                         "ignored (fast path, standalone run(), or between two events)"
                     )
-                sub.current = None
-                sub.rejected_current = False
+                sub.move_past()
                 return
             self.force_fail(
                 sub,
@@ -640,23 +610,7 @@ class _Group:
                     return
                 if sub.current is not entry:
                     break  # failed by emit
-        if sub.current is not entry:
-            return  # failed or closed meanwhile: that resolved it
-        if not self.acking:
-            sub.current = None
-            return
-        binding = sub.binding
-        if not sub.rejected_current and (binding is None or binding.pending == 0):
-            # move_past() + resolve(entry, ACKED) inlined for the common cases: nothing
-            # emitted, or every emitted event already confirmed (see raw_stream)
-            sub.current = None
-            if not self.frozen:
-                self.stats.acked += 1
-                remaining = entry.remaining - 1
-                entry.remaining = remaining
-                if remaining == 0 and entry.lane_q[0] is entry:
-                    self._lane_ready(entry)
-        else:
+        if sub.current is entry:  # (else failed or closed meanwhile: that resolved it)
             sub.move_past()
 
     async def _inline_ready(self, inline: tuple[_Subscriber, ...]) -> None:
@@ -782,14 +736,8 @@ class _Group:
             return False
         if reason is None:
             return False
-        n = entry.remaining
-        marks = entry.marked()
-        marks.rejected += n
-        self.stats.rejected += n
-        marks.reasons = [reason]
-        entry.remaining = 0
-        if entry.lane_q[0] is entry:
-            self._lane_ready(entry)
+        entry.marked().reasons = [reason]
+        self.resolve(entry, REJECTED, entry.remaining)
         return True
 
     def _suspects_resolved(self, batch: list[AdvanceItem]) -> None:

@@ -206,7 +206,14 @@ class _Subscriber:
             awaiting.popleft()
 
     def move_past(self) -> None:
-        """The filter asked for the next raw event: close the current window."""
+        """The filter is done with the raw event it is on: close its window.
+
+        Acked now when nothing it yielded for it awaits the event store, else when the
+        last yield is confirmed (:meth:`SharedStreamManager.confirm_persisted`). A
+        binding whose yields are all confirmed stays: nothing else refers to it then
+        (the manager forgot its seqs, it never was in ``awaiting``, it was never moved
+        nor done), and the next event's binding reuses it (no object per delivery).
+        """
         entry = self.current
         self.current = None
         if entry is None:
@@ -218,20 +225,16 @@ class _Subscriber:
         if not group.acking:
             return
         binding = self.binding
-        if binding is None:
+        if binding is None or binding.pending == 0:
             group.resolve(entry, ACKED)
             return
         self.binding = None
         binding.moved = True
-        if binding.pending == 0:
-            binding.done = True
-            group.resolve(entry, ACKED)
-        else:
-            # _prune_awaiting() inlined: with a store, this runs once per delivery
-            awaiting = self.awaiting
-            while awaiting and awaiting[0].done:
-                awaiting.popleft()
-            awaiting.append(binding)
+        # _prune_awaiting() inlined: with a store, this runs once per delivery
+        awaiting = self.awaiting
+        while awaiting and awaiting[0].done:
+            awaiting.popleft()
+        awaiting.append(binding)
 
     async def wait_inline(self) -> None:
         """An inline member's life: returns once it is closed in order, raises its failure."""
@@ -252,7 +255,6 @@ class _Subscriber:
         """What the filter iterates: this subscriber's share of the broadcast."""
         queue = self.queue
         group = self.group
-        stats = group.stats
         acking = group.acking
         loop = asyncio.get_running_loop()
         window_get = current_window.get
@@ -266,8 +268,8 @@ class _Subscriber:
                 airflow_context.set(_AirflowWindow(self))
         try:
             while True:
-                # (``current`` may still name the event just acked below: it is cleared
-                # here, before anything else can run, or replaced by the next event)
+                # (``current`` may still name an event a failure or close let go: it
+                # is cleared here, or replaced by the next event)
                 if self.failure is not None:
                     self.current = None
                     raise self.failure
@@ -297,28 +299,7 @@ class _Subscriber:
                     tracer.filtered(self, entry)
                 # The filter asks for the next raw event: this one's window closes
                 # (unless the subscriber was failed or closed meanwhile, which did it).
-                if self.current is not entry:
-                    continue
-                binding = self.binding
-                if (
-                    acking
-                    and not self.rejected_current
-                    and (binding is None or binding.pending == 0)
-                ):
-                    # move_past() + resolve(entry, ACKED) inlined for the common cases
-                    # (this runs once per delivery): the filter yielded nothing for the
-                    # event, or every yield is already confirmed, so it is acked now.
-                    # Its window closes at the top of the loop, with no await between.
-                    # A binding with every yield confirmed stays: nothing else refers
-                    # to it (the manager forgot its seqs, it never was in awaiting, it
-                    # was never moved nor done), and the next event's binding reuses it.
-                    if not group.frozen:
-                        stats.acked += 1  # (the entry counts no acks: see _Run.n)
-                        remaining = entry.remaining - 1
-                        entry.remaining = remaining
-                        if remaining == 0 and entry.lane_q[0] is entry:
-                            group._lane_ready(entry)
-                else:
+                if self.current is entry:
                     self.move_past()
         finally:
             self.waiter = None

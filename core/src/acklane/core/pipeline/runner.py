@@ -238,10 +238,7 @@ class _Cohort:
         name = trigger.name
         key = self.key
         key_text = self.key_text
-        progress = self.progress
-        fired = progress.watcher_events
-        fired.setdefault(name, 0)
-        tracer = runner.tracer
+        payloads = _Payloads(self, name)
         try:
             # manager.events() without its generator step per event: the filter's own
             # iterator, and the subscription's failure and close done here
@@ -262,8 +259,6 @@ class _Cohort:
                         bound = manager.bind_event(trigger_id=name, key=key)
                         message_id = None if bound is None else bound.message_id
                         observer.fired(name, event, message_id)
-                        if tracer is not None:
-                            tracer.fired(key, key_text, name, bound)
                         record = EventRecord(
                             name,
                             key_text,
@@ -273,20 +268,11 @@ class _Cohort:
                         )
                         try:
                             await store.put(record, None if bound is None else bound.seq)
-                            progress.events += 1
-                            fired[name] += 1
                         except TypeError as exc:
-                            # Not JSON: it can never be stored. Dead-letter the raw event
-                            # (its binding window is still open) instead of looping on it.
-                            log.error(
-                                "Watcher %s yielded an event that cannot be stored: %s",
-                                name,
-                                exc,
-                            )
-                            reject_shared_stream_event(reason=f"watcher {name}: {exc}")
-                            if bound is not None:
-                                manager.discard_pending_event(bound.seq)
-                            observer.rejected_payload(name, exc)
+                            # (its binding window is still open: the filter's reject)
+                            payloads.refused(exc, bound, reject_shared_stream_event)
+                        else:
+                            payloads.stored(bound)
                     except Exception as exc:
                         # Leaving on an error of its own (the event store, an observer):
                         # fail the group while this watcher is still subscribed, so that
@@ -324,7 +310,9 @@ class _Cohort:
             assert subscription is not None
             subscription.reject(reason)
 
-        emit = _inline_emitter(self, name, reject, first, shared=not compiled.calls_user_code)
+        emit = _inline_emitter(
+            _Payloads(self, name), reject, first, shared=not compiled.calls_user_code
+        )
         try:
             subscription = manager.inline_subscription(
                 trigger_id=name,
@@ -363,9 +351,48 @@ def _watcher_failed(runner: Runner, name: str, exc: Exception, first: list[BaseE
         first.append(exc)
 
 
+class _Payloads:
+    """One watcher's trigger events on their way into the event store, whichever filter
+    path made them (:meth:`_Cohort._watch`, :func:`_inline_emitter`): what is counted
+    once one is queued, and what a payload that is not JSON does (it can never be
+    stored: its raw event is rejected, dead-lettered, instead of looping on it)."""
+
+    __slots__ = ("key", "key_text", "manager", "name", "observer", "progress", "runner")
+
+    def __init__(self, cohort: _Cohort, name: str) -> None:
+        self.runner = cohort.runner
+        self.manager = cohort.runner.manager
+        self.observer = cohort.runner.observer
+        self.name = name
+        self.key = cohort.key
+        self.key_text = cohort.key_text
+        self.progress = cohort.progress
+        self.progress.watcher_events.setdefault(name, 0)
+
+    def stored(self, bound: BoundEvent | None) -> None:
+        """The event store queued a trigger event (bound to its message, or not)."""
+        progress = self.progress
+        progress.events += 1
+        progress.watcher_events[self.name] += 1
+        tracer = self.runner.tracer  # OpenTelemetry spans, or None (tracing off)
+        if tracer is not None:
+            tracer.fired(self.key, self.key_text, self.name, bound)
+
+    def refused(
+        self, exc: TypeError, bound: BoundEvent | None, reject: Callable[[str], object]
+    ) -> None:
+        """The event store refused a payload that is not JSON: its raw event is
+        rejected (``reject``, while its binding window is open) and its binding let go."""
+        name = self.name
+        log.error("Watcher %s yielded an event that cannot be stored: %s", name, exc)
+        reject(f"watcher {name}: {exc}")
+        if bound is not None:
+            self.manager.discard_pending_event(bound.seq)
+        self.observer.rejected_payload(name, exc)
+
+
 def _inline_emitter(
-    cohort: _Cohort,
-    name: str,
+    payloads: _Payloads,
     reject: Callable[[str], None],
     first: list[BaseException],
     *,
@@ -373,7 +400,7 @@ def _inline_emitter(
 ) -> Callable[[Any, BoundEvent | None], None]:
     """What an inline watcher does with each payload its filter returned, as
     :meth:`_Cohort._watch` does with each event: tell the observer, queue it in the
-    event store; a payload that is not JSON rejects its raw event; any other error
+    event store (:class:`_Payloads`); any other error than a payload that is not JSON
     fails the group while the watcher is still subscribed (``WatcherLeft``).
 
     ``shared``: the filter is declarative, so what it returns is read-only (the
@@ -381,18 +408,15 @@ def _inline_emitter(
     parts of it): the store may reuse the JSON text of the very object it was given
     just before, unless an observer of our caller's sees each event (it might change
     it)."""
-    runner = cohort.runner
-    manager = runner.manager
-    store = runner.store
-    put = store.put_event_nowait
-    observer = runner.observer
+    runner = payloads.runner
+    manager = payloads.manager
+    put = runner.store.put_event_nowait
+    observer = payloads.observer
     fired = None if type(observer).fired is RunObserver.fired else observer.fired
-    key = cohort.key
-    key_text = cohort.key_text
-    progress = cohort.progress
-    watcher_events = progress.watcher_events
-    watcher_events.setdefault(name, 0)
-    tracer = runner.tracer  # OpenTelemetry spans, or None (tracing off)
+    name = payloads.name
+    key = payloads.key
+    key_text = payloads.key_text
+    stored = payloads.stored
     shared = shared and fired is None
 
     def emit(payload: Any, bound: BoundEvent | None) -> None:
@@ -407,16 +431,10 @@ def _inline_emitter(
                     put(name, key_text, payload, None, 0, None, shared)
                 else:
                     put(name, key_text, payload, message_id, bound.position, bound.seq, shared)
-                progress.events += 1
-                watcher_events[name] += 1
-                if tracer is not None:
-                    tracer.fired(key, key_text, name, bound)
             except TypeError as exc:
-                log.error("Watcher %s yielded an event that cannot be stored: %s", name, exc)
-                reject(f"watcher {name}: {exc}")
-                if bound is not None:
-                    manager.discard_pending_event(bound.seq)
-                observer.rejected_payload(name, exc)
+                payloads.refused(exc, bound, reject)
+            else:
+                stored(bound)
         except Exception as exc:
             if not runner.stopping:
                 first.append(exc)
