@@ -8,7 +8,10 @@ pop, and a counter decrement; no per-event sets or dicts of subscribers exist.
 The contract is docs/engine.md. Private modules, one concept each:
 
 - ``_manager``: :class:`SharedStreamManager` (subscribing, the binding channel, groups)
-- ``_group``: one key's group (membership, poll, pump, ack-timeout sweep, lifecycle)
+- ``_group``: one key's group (membership, poll, pump, ack-timeout sweep, lifecycle), and
+  the narrow ``GroupHost`` it sees its manager through
+- ``_hooks``: :class:`Hooks`, what watches the engine (tracing, progress, the runner, a
+  display), called with plain values; :class:`HookChain` calls several in order
 - ``_subscriber``: one member (its queue, its binding window, the stream its filter reads,
   or, for an inline member, the filter the broadcast evaluates)
 - ``_ledger``: a broadcast event's record, the resolution kinds, outcomes
@@ -23,6 +26,17 @@ from __future__ import annotations
 
 from ._common import log as log
 from ._group import _Group as _Group
+from ._hooks import (
+    ACKED,
+    FAILED,
+    FIRED,
+    REJECTED,
+    HookChain,
+    Hooks,
+    Received,
+    Verdict,
+    hook_of,
+)
 from ._ledger import _CLEAN_CACHE as _CLEAN_CACHE
 from ._ledger import _Entry as _Entry
 from ._manager import (
@@ -48,19 +62,28 @@ from ._types import (
 )
 
 __all__ = [
+    "ACKED",
     "CONSUMER_CLOSED",
+    "FAILED",
     "FILTER_RETURNED",
+    "FIRED",
+    "REJECTED",
     "AdvanceObserver",
     "BoundEvent",
     "FailureObserver",
     "GroupStats",
+    "HookChain",
+    "Hooks",
     "InlineEmit",
     "InlineEvaluate",
     "InlineReady",
     "InlineSubscription",
     "LeaveObserver",
     "PoisonPolicy",
+    "Received",
     "Rejected",
     "SharedStreamManager",
     "Subscription",
+    "Verdict",
+    "hook_of",
 ]

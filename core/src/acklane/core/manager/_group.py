@@ -11,7 +11,7 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Hashable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..producer import AdvanceItem, AdvanceOutcome, LaneBatch, SharedStreamProducer
 from ..trigger import (
@@ -23,12 +23,10 @@ from ..trigger import (
     uses_ack_channel,
 )
 from ._common import aclose_iter, log
-from ._ledger import _FAST_RUN, ACKED, FAILED, REJECTED, _Entry, _outcome, _Run
+from ._hooks import Hooks, Received, Verdict, hook_of, verdict_of
+from ._ledger import _FAST_RUN, _UNASKED, ACKED, FAILED, REJECTED, _Entry, _outcome, _Run
 from ._subscriber import _Inline, _Subscriber
-from ._types import GroupStats, Rejected, _new_tuple
-
-if TYPE_CHECKING:
-    from ._manager import SharedStreamManager
+from ._types import BoundEvent, GroupStats, PoisonPolicy, Rejected, _new_tuple
 
 _monotonic = time.monotonic
 
@@ -39,19 +37,53 @@ _NO_LANE: Any = object()
 _ACKED_ONLY: dict[int, AdvanceOutcome] = {}
 
 
+class GroupHost(Protocol):
+    """All a group uses of its manager: the settings it started with, what watches it,
+    and three calls back (the manager's books of bindings and of live groups)."""
+
+    @property
+    def max_subscriber_queue(self) -> int: ...
+    @property
+    def ack_timeout(self) -> float: ...
+    @property
+    def cohort_grace_period(self) -> float: ...
+    @property
+    def overflow(self) -> str: ...
+    @property
+    def poison_policy(self) -> PoisonPolicy | None: ...
+    @property
+    def hooks(self) -> Hooks: ...
+
+    def bind(self, sub: _Subscriber, entry: _Entry) -> BoundEvent:
+        """Bind one more trigger event of ``sub`` to ``entry`` (its window's raw event)."""
+        ...
+
+    def group_failed(self, group: _Group) -> None:
+        """``group`` failed: it is no longer the key's live group (still closing)."""
+        ...
+
+    def group_ended(self, group: _Group) -> None:
+        """``group``'s task is ending: its bindings will never resolve anything."""
+        ...
+
+    def group_done(self, group: _Group) -> None:
+        """``group``'s task is done: it is no longer closing."""
+        ...
+
+
 class _Group:
     """All live subscribers of one key, sharing one upstream poll."""
 
     def __init__(
         self,
-        manager: SharedStreamManager,
+        host: GroupHost,
         key: Hashable,
         trigger_cls: type[BaseEventTrigger],
         kwargs: dict[str, Any],
         founder: str = "",
         settings: object = None,
     ) -> None:
-        self.manager = manager
+        self.host = host
         self.key = key
         self.trigger_cls = trigger_cls
         self.kwargs = kwargs
@@ -74,7 +106,7 @@ class _Group:
         self.message_id_of: Callable[[Any], str | None] | None = None
         # the poison policy's live suspects of this key (message ids with failed
         # attempts on record): the poll looks a raw event up only while it is not empty
-        policy = manager.poison_policy
+        policy = host.poison_policy
         self.suspects: Mapping[str, object] = (
             _NO_SUSPECTS if policy is None else policy.suspects(key)
         )
@@ -86,8 +118,20 @@ class _Group:
         self._pump_wake = asyncio.Event()
         # overflow="pause": the poll waits while a member's queue is full, until it
         # drains to the low-water mark (or the member leaves or is failed).
-        self.pausing = manager.overflow == "pause"
-        self.low_water = manager.max_subscriber_queue // 2
+        self.pausing = host.overflow == "pause"
+        self.low_water = host.max_subscriber_queue // 2
+        # what watches the group, looked up once: None where nobody does (and then
+        # nothing is called per message)
+        hooks = host.hooks
+        self.hooks = hooks
+        self.on_received: Callable[[Hashable, list[Received]], None] | None = hook_of(
+            hooks, "received"
+        )
+        self.on_filtered: Callable[[Hashable, Received, Verdict], None] | None = hook_of(
+            hooks, "filtered"
+        )
+        self.on_advanced = hook_of(hooks, "advanced")
+        self.on_failed = hook_of(hooks, "subscriber_failed")
         self.room_for: _Subscriber | None = None
         self._room: asyncio.Future[None] | None = None
         self._polling = True
@@ -211,12 +255,12 @@ class _Group:
         sub.awaiting.clear()
 
     def _notify_failed(self, sub: _Subscriber, exc: BaseException) -> None:
-        """Tell the manager's failure observer, unless the whole group failed."""
-        observer = self.manager.on_subscriber_failed
+        """Tell the hooks, unless the whole group failed."""
+        observer = self.on_failed
         if observer is not None and self.error is None:
             try:
                 observer(self.key, sub.trigger_id, exc)
-            except Exception:  # an observer must never break the ack channel
+            except Exception:  # a hook must never break the ack channel
                 log.exception("subscriber-failure observer failed key=%r", self.key)
 
     # -- resolution and the pump
@@ -303,11 +347,11 @@ class _Group:
             stats.advance_seconds += _monotonic() - started
             if self.suspects:
                 self._suspects_resolved(batch)
-            observer = self.manager.on_advance
+            observer = self.on_advanced
             if observer is not None:
                 try:
                     observer(self.key, batch)
-                except Exception:  # an observer must never break the ack channel
+                except Exception:  # a hook must never break the ack channel
                     log.exception("advance observer failed key=%r", self.key)
             q2 = lanes.get(lane)
             if q2 and q2[0].remaining == 0:
@@ -335,7 +379,7 @@ class _Group:
 
     async def _poll(self) -> None:
         """Pull upstream and broadcast, after the cohort's grace period, until it fails."""
-        grace = self.manager.cohort_grace_period
+        grace = self.host.cohort_grace_period
         if grace > 0:
             await asyncio.sleep(grace)
         log.info("Shared stream group started key=%r subscribers=%d", self.key, len(self.members))
@@ -349,7 +393,7 @@ class _Group:
     async def _poll_fast(self) -> None:
         """The fast path: broadcast raw events; nothing is acknowledged or advanced."""
         stream = self.trigger_cls.open_shared_stream(self.kwargs)
-        maxq = self.manager.max_subscriber_queue
+        maxq = self.host.max_subscriber_queue
         stats = self.stats
         try:
             async for raw in stream:
@@ -373,12 +417,12 @@ class _Group:
     async def _poll_ack(self, producer: SharedStreamProducer) -> None:
         """Ack mode: enter each raw event in its lane's ledger, then broadcast it."""
         stream, single = _open_upstream(producer)
-        maxq = self.manager.max_subscriber_queue
+        maxq = self.host.max_subscriber_queue
         almost_full = maxq - 1  # a queue this deep before the append is full after it
         get_lane = producer.get_advance_lane
         stats = self.stats
         suspects = self.suspects
-        tracer = self.manager.tracer  # OpenTelemetry spans, or None (tracing off)
+        received = self.on_received  # (tracing's spans, or None)
         try:
             async for item in stream:
                 fixed: Hashable = _NO_LANE  # the lane of every pair of a LaneBatch
@@ -412,8 +456,8 @@ class _Group:
                     entry = _Entry(payload, raw, run)
                     lane_q.append(entry)
                     stats.broadcast += 1
-                    if tracer is not None:
-                        tracer.received(self, (entry,))
+                    if received is not None:
+                        received(self.key, [self._received(entry)])
                     if not members:
                         self._unclaimed(entry)
                         continue
@@ -474,9 +518,9 @@ class _Group:
         entries = _Entry.of_run(pairs, run)
         run.lane_q.extend(entries)
         self.stats.broadcast += len(entries)
-        tracer = self.manager.tracer
-        if tracer is not None:
-            tracer.received(self, entries)
+        received = self.on_received
+        if received is not None:
+            received(self.key, [self._received(e) for e in entries])
         for sub in self.queued:
             sub.queue.extend(entries)
             if sub.waiter is not None:
@@ -502,7 +546,7 @@ class _Group:
             if sub.inline is not None and not sub.inline.windowed
         ]
         windowed = [sub for sub in inline if sub.inline is not None and sub.inline.windowed]
-        tracer = self.manager.tracer  # OpenTelemetry spans, or None (tracing off)
+        filtered = self.on_filtered  # (tracing's spans, or None)
         for entry in entries:
             raw = entry.raw
             empty = 0  # members on which nothing fired: acked together, after the loop
@@ -513,15 +557,15 @@ class _Group:
                 try:
                     verdict = evaluate(raw)
                 except Exception as exc:  # the filter raised on this event
-                    if tracer is not None:
-                        tracer.verdict(sub, entry, None, failed=True)
+                    if filtered is not None:
+                        self._inline_filtered(sub, entry, None)
                     sub.current = entry
                     self.force_fail(sub, exc, entry)
                     if self.frozen:
                         return  # the failure failed the group (the runner's observer)
                     continue
-                if tracer is not None:
-                    tracer.verdict(sub, entry, verdict)
+                if filtered is not None:
+                    self._inline_filtered(sub, entry, verdict)
                 if type(verdict) is list and not verdict:
                     empty += 1
                     continue
@@ -553,17 +597,17 @@ class _Group:
             sub.current = entry
             if current_window.get() is not sub:
                 current_window.set(sub)
-        tracer = self.manager.tracer
+        traced = self.on_filtered is not None
         try:
             verdict = hooks.evaluate(entry.raw)
         except Exception as exc:  # the filter raised on this event: a failed attempt
-            if tracer is not None:
-                tracer.verdict(sub, entry, None, failed=True)
+            if traced:
+                self._inline_filtered(sub, entry, None)
             sub.current = entry
             self.force_fail(sub, exc, entry)
             return
-        if tracer is not None:
-            tracer.verdict(sub, entry, verdict)
+        if traced:
+            self._inline_filtered(sub, entry, verdict)
         if not windowed and type(verdict) is list and not verdict:
             # nothing fires (most evaluations, with many watchers): acked at once, no
             # window ever opened
@@ -598,7 +642,7 @@ class _Group:
             return
         if verdict:
             emit = hooks.emit
-            bind = self.manager._bind if self.acking else None
+            bind = self.host.bind if self.acking else None
             for payload in verdict:
                 if sub.rejected_current:
                     break  # rejected (by the filter, or a payload that cannot be stored):
@@ -612,6 +656,33 @@ class _Group:
                     break  # failed by emit
         if sub.current is entry:  # (else failed or closed meanwhile: that resolved it)
             sub.move_past()
+
+    def _inline_filtered(self, sub: _Subscriber, entry: _Entry, verdict: Any) -> None:
+        """Tell the hooks what an inline member's filter decided on ``entry`` (None: it
+        raised), as a queued member's ``raw_stream`` does once its filter moves on."""
+        on_filtered = self.on_filtered
+        assert on_filtered is not None
+        message = _new_tuple(Received, (entry.raw, entry.payload, None))
+        on_filtered(self.key, message, verdict_of(sub.trigger_id, verdict))
+
+    def _received(self, entry: _Entry) -> Received:
+        """A new entry as the hooks see it: its raw event, payload and message id."""
+        mid = entry.mid
+        if mid is _UNASKED:
+            mid = self.entry_message_id(entry)
+        return _new_tuple(Received, (entry.raw, entry.payload, mid))
+
+    def entry_message_id(self, entry: _Entry) -> str | None:
+        """The producer's identity of ``entry``'s payload, asked once per raw event (by
+        the first to need it: a binding, or the hooks) and kept on the entry."""
+        message_id = self.message_id_of
+        try:
+            mid = message_id(entry.payload) if message_id is not None else None
+        except Exception as exc:  # only costs dedupe of this event, never the event
+            log.warning("message_id() failed key=%r: %r; stored without one", self.key, exc)
+            mid = None
+        entry.mid = mid
+        return mid
 
     async def _inline_ready(self, inline: tuple[_Subscriber, ...]) -> None:
         """Wait while what an inline member emits into can take no more (back-pressure)."""
@@ -656,7 +727,7 @@ class _Group:
 
     async def _sweep(self) -> None:
         """Every tenth of the ack timeout (0.01s to 1s), fail members past it."""
-        timeout = self.manager.ack_timeout
+        timeout = self.host.ack_timeout
         interval = min(max(timeout / 10.0, 0.01), 1.0)
         while True:
             await asyncio.sleep(interval)
@@ -686,13 +757,13 @@ class _Group:
             self.key,
             sub.trigger_id,
             event_id,
-            self.manager.ack_timeout,
+            self.host.ack_timeout,
         )
         self.force_fail(
             sub,
             ack_timeout_error(
                 f"trigger {sub.trigger_id} did not resolve event {event_id} within "
-                f"ack_timeout={self.manager.ack_timeout}s"
+                f"ack_timeout={self.host.ack_timeout}s"
             ),
             oldest if _stuck_on(sub, oldest) else None,
         )
@@ -711,7 +782,7 @@ class _Group:
 
     def _attempt_failed(self, sub: _Subscriber, entry: _Entry, exc: BaseException) -> None:
         """``sub`` failed on ``entry``: a failed attempt of that message, for the policy."""
-        policy = self.manager.poison_policy
+        policy = self.host.poison_policy
         if policy is None or not self.acking or self.frozen:
             return
         mid = self._message_id(entry.payload)
@@ -727,7 +798,7 @@ class _Group:
         mid = self._message_id(entry.payload)
         if mid is None or mid not in self.suspects:
             return False
-        policy = self.manager.poison_policy
+        policy = self.host.poison_policy
         assert policy is not None
         try:
             reason = policy.poisoned(self.key, mid)
@@ -750,7 +821,7 @@ class _Group:
             mid = self._message_id(payload)
             if mid is not None and mid in suspects:
                 done.append(mid)
-        policy = self.manager.poison_policy
+        policy = self.host.poison_policy
         if done and policy is not None:
             try:
                 policy.resolved(self.key, done)
@@ -781,7 +852,7 @@ class _Group:
         )
         self._task = task
         # the manager keeps a closing group until its task is really done
-        task.add_done_callback(lambda _t: self.manager._closing.discard(self))
+        task.add_done_callback(lambda _t: self.host.group_done(self))
 
     async def _run(self) -> None:
         """Build the producer, poll until stopped, advance until closed, then clean up.
@@ -806,7 +877,7 @@ class _Group:
         finally:
             self.frozen = True
             await self._aclose_producer()
-            self.manager._drop_bindings(self)
+            self.host.group_ended(self)
 
     async def _advance_until_closed(self) -> None:
         """The pump, with the sweep beside it until the pump is done."""
@@ -885,7 +956,7 @@ class _Group:
         # DEBUG: every member's iterator raises exc, and its consumer tells it (the
         # runner in one restart line); a WARNING here said the same fault twice.
         log.debug("Shared stream group failed key=%r: %r", self.key, exc)
-        self.manager._forget_group(self)
+        self.host.group_failed(self)
         self.close()
         for sub in self.members:
             sub.failure = exc

@@ -9,18 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncGenerator, AsyncIterator, Hashable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Hashable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from ..trigger import BaseEventTrigger, TriggerEvent, current_window
 from ._common import aclose_iter, log
 from ._group import _Group
+from ._hooks import Callbacks, HookChain, Hooks
 from ._ledger import _UNASKED, ACKED, _Entry
 from ._settings import _check_settings, _stream_settings
 from ._subscriber import _Binding, _Inline, _Subscriber
-
-if TYPE_CHECKING:
-    from ..observe.tracing import MessageTracer
 from ._types import (
     AdvanceObserver,
     BoundEvent,
@@ -50,7 +49,8 @@ class SharedStreamManager:
         on_subscriber_failed: FailureObserver | None = None,
         on_subscriber_leaving: LeaveObserver | None = None,
         poison_policy: PoisonPolicy | None = None,
-        tracer: MessageTracer | None = None,
+        tracer: Hooks | None = None,
+        hooks: Hooks | None = None,
     ) -> None:
         _check_limits(max_subscriber_queue, ack_timeout, overflow)
         #: Airflow's parameter (a bound logger), accepted so that code written for
@@ -63,15 +63,22 @@ class SharedStreamManager:
         #: (acklane's option): the poll waits for room instead; a stuck subscriber is
         #: still failed, by the ack timeout.
         self.overflow = overflow
+        #: Airflow-shaped callbacks, kept: adapted onto :attr:`hooks`' moments (before
+        #: them) for each group that starts after they are set.
         self.on_advance = on_advance
         self.on_subscriber_failed = on_subscriber_failed
         self.on_subscriber_leaving = on_subscriber_leaving
         #: acklane's addition: failures attributed to a message are counted, and a
-        #: message that failed too often is rejected before any subscriber sees it.
+        #: message that failed too often is rejected before any subscriber sees it. A
+        #: policy (its answers change what the engine does), not a hook.
         self.poison_policy = poison_policy
-        #: acklane's addition: OpenTelemetry spans per message (None: tracing off, and
-        #: the poll and the subscribers call nothing; acklane.core.observe.tracing).
+        #: acklane's addition: OpenTelemetry spans per message (a ``MessageTracer`` of
+        #: acklane.core.observe.tracing; None: tracing off), called after the callbacks.
         self.tracer = tracer
+        #: acklane's addition: what watches the engine (:class:`Hooks`; a
+        #: :class:`HookChain` for several), called last, in its order. Read as each
+        #: group starts: a moment no hook overrides costs nothing per message.
+        self.hooks: Hooks = Hooks() if hooks is None else hooks
         self._groups: dict[Hashable, _Group] = {}
         self._subs: dict[tuple[str, Hashable], _Subscriber] = {}
         # trigger id -> [(key, subscriber)]: bind_event's lookup without hashing the key
@@ -195,20 +202,37 @@ class SharedStreamManager:
     ) -> _Group:
         """The key's first subscriber founds its group: its kwargs build the producer."""
         _, kwargs = trigger.serialize()
-        group = _Group(self, key, type(trigger), kwargs, trigger_id, settings)
+        group = _Group(self._host(), key, type(trigger), kwargs, trigger_id, settings)
         self._groups[key] = group
         group.start()
         return group
 
+    def _host(self) -> _Host:
+        """What a new group may use of this manager (its settings and hooks as of now)."""
+        callbacks = Callbacks(
+            self.on_advance, self.on_subscriber_failed, self.on_subscriber_leaving
+        )
+        watching = [callbacks, *([] if self.tracer is None else [self.tracer]), self.hooks]
+        return _Host(
+            self.max_subscriber_queue,
+            self.ack_timeout,
+            self.cohort_grace_period,
+            self.overflow,
+            self.poison_policy,
+            HookChain(*watching),
+            self._bind,
+            self._forget_group,
+            self._drop_bindings,
+            self._closing.discard,
+        )
+
     def _leaving(self, sub: _Subscriber, how: str) -> None:
-        """Tell the leaving observer a live subscription is about to end in order."""
-        observer = self.on_subscriber_leaving
-        if observer is None:
-            return
+        """Tell the hooks a live subscription is about to end in order."""
+        group = sub.group
         try:
-            observer(sub.group.key, sub.trigger_id, how)
-        except Exception:  # an observer must never break the ack channel
-            log.exception("subscriber-leaving observer failed key=%r", sub.group.key)
+            group.hooks.subscriber_leaving(group.key, sub.trigger_id, how)
+        except Exception:  # a hook must never break the ack channel
+            log.exception("subscriber-leaving observer failed key=%r", group.key)
 
     def _register(self, sub_key: tuple[str, Hashable], sub: _Subscriber) -> None:
         """Index the subscriber by (trigger id, key) and by trigger id."""
@@ -305,14 +329,7 @@ class SharedStreamManager:
         """Bind one more event of ``sub`` to ``entry``, the raw event its window is on."""
         mid = entry.mid
         if mid is _UNASKED:  # once per raw event, whichever member binds to it first
-            group = sub.group
-            message_id = group.message_id_of
-            try:
-                mid = message_id(entry.payload) if message_id is not None else None
-            except Exception as exc:  # only costs dedupe of this event, never the event
-                log.warning("message_id() failed key=%r: %r; stored without one", group.key, exc)
-                mid = None
-            entry.mid = mid
+            mid = sub.group.entry_message_id(entry)
         binding = sub.binding
         if binding is None:
             binding = sub.binding = _Binding(sub, entry)  # pending and count 1: this yield
@@ -502,6 +519,23 @@ class SharedStreamManager:
             self._unregister(sub_key, sub)
             group.detach(sub)
         self._closing.add(group)
+
+
+@dataclass(frozen=True, slots=True)
+class _Host:
+    """What a group uses of its manager (:class:`~._group.GroupHost`): plain settings,
+    its hooks, and the manager's books of bindings and live groups, behind four calls."""
+
+    max_subscriber_queue: int
+    ack_timeout: float
+    cohort_grace_period: float
+    overflow: str
+    poison_policy: PoisonPolicy | None
+    hooks: Hooks
+    bind: Callable[[_Subscriber, _Entry], BoundEvent]
+    group_failed: Callable[[_Group], None]
+    group_ended: Callable[[_Group], None]
+    group_done: Callable[[_Group], None]
 
 
 #: How a subscription ended in order, for the leaving observer.

@@ -15,7 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 from ..trigger import AIRFLOW_SHARED_STREAM, BaseEventTrigger, current_window
 from ._common import log
-from ._ledger import ACKED, REJECTED, _Entry
+from ._hooks import ACKED as ACKED_OUTCOME
+from ._hooks import FAILED as FAILED_OUTCOME
+from ._hooks import FIRED, Received, Verdict
+from ._hooks import REJECTED as REJECTED_OUTCOME
+from ._ledger import _UNASKED, ACKED, REJECTED, _Entry
+from ._types import _new_tuple
 
 if TYPE_CHECKING:
     from ._group import _Group
@@ -199,6 +204,29 @@ class _Subscriber:
             return self.current
         return self.queue[0]
 
+    def _received(self, entry: _Entry) -> Received:
+        """``entry`` as the hooks see it (its message id, if it was asked for already)."""
+        mid = entry.mid
+        return _new_tuple(Received, (entry.raw, entry.payload, None if mid is _UNASKED else mid))
+
+    def _verdict(self, entry: _Entry) -> Verdict:
+        """What this subscriber's filter made of ``entry``, as it asks for the next one."""
+        outcome = ACKED_OUTCOME
+        events = 0
+        reason = None
+        if self.current is not entry or self.failure is not None:
+            outcome = FAILED_OUTCOME
+        elif self.rejected_current:
+            outcome = REJECTED_OUTCOME
+            reasons = None if entry.marks is None else entry.marks.reasons
+            reason = reasons[-1] if reasons else None
+        else:
+            binding = self.binding
+            if binding is not None and binding.entry is entry and binding.count:
+                outcome = FIRED
+                events = binding.count
+        return _new_tuple(Verdict, (self.trigger_id, outcome, events, reason))
+
     def _prune_awaiting(self) -> None:
         """Drop settled bindings from the front, so the head is the oldest unsettled one."""
         awaiting = self.awaiting
@@ -259,7 +287,7 @@ class _Subscriber:
         loop = asyncio.get_running_loop()
         window_get = current_window.get
         window_set = current_window.set
-        tracer = group.manager.tracer if acking else None  # OpenTelemetry, or None
+        filtered = group.on_filtered if acking else None  # (tracing's spans, or None)
         if acking:
             # once per subscription, in the filter's task (nothing per event, nothing at
             # all without Airflow): Airflow's reject finds this subscriber's window
@@ -295,8 +323,8 @@ class _Subscriber:
                 if window_get() is not self:
                     window_set(self)
                 yield entry.raw
-                if tracer is not None:  # this watcher's verdict, on the message's span
-                    tracer.filtered(self, entry)
+                if filtered is not None:  # this watcher's verdict (a tracing span's)
+                    filtered(group.key, self._received(entry), self._verdict(entry))
                 # The filter asks for the next raw event: this one's window closes
                 # (unless the subscriber was failed or closed meanwhile, which did it).
                 if self.current is entry:

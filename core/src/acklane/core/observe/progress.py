@@ -36,6 +36,8 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NoReturn
 
+from ..manager import Hooks
+
 if TYPE_CHECKING:
     from ..manager import GroupStats
     from ..producer import AdvanceItem
@@ -97,7 +99,7 @@ class StreamProgress:
         return " ".join(parts)
 
 
-class Progress:
+class Progress(Hooks):
     """The runner's progress counters, by stream key."""
 
     def __init__(self, group_stats: Callable[[], Mapping[Hashable, GroupStats]]) -> None:
@@ -111,7 +113,7 @@ class Progress:
         return progress
 
     def advanced(self, key: Hashable, batch: Sequence[AdvanceItem]) -> None:
-        """Count a batch the engine handed to the connector (``on_advance``)."""
+        """Count a batch the engine handed to the connector (the ``advanced`` hook)."""
         progress = self.streams.get(key)
         if progress is None:
             return

@@ -15,19 +15,19 @@ child of the message's, whose context the sink passes on (the webhook's
 ``traceparent`` header, the broker sink's attribute, the Airflow asset event's
 ``extra.acklane.traceparent``).
 
-The hook calls, for whoever rewrites the engine's per-message path:
+:class:`MessageTracer` is one of the engine's :class:`~acklane.core.manager.Hooks`,
+called with plain values (raw messages, payloads, bound events), never the engine's
+books:
 
-- ``received(group, entries)``: entries (``_Entry``) just made by the poll
-  (``_Group._poll_ack`` and ``_Group._broadcast_run``);
-- ``filtered(sub, entry)``: a watcher's filter asked for its next message, so it
-  is done with ``entry`` (``_Subscriber.raw_stream``, right after its ``yield``);
-- ``fired(key, key_text, watcher, bound)``: the runner bound a trigger event to the
-  message (``_Cohort._watch``, after ``manager.bind_event``);
-- ``committed(seqs)``: the event store committed those bound events (the runner's
-  ``on_confirmed``, before ``manager.confirm_persisted``);
-- ``advanced(key, batch)``: the producer advanced past a batch (the runner's
-  ``on_advance``);
-- ``abandon(key, why)``: the key's group is gone; what it never advanced ends so.
+- ``received(key, messages)``: the poll took these messages (a span each);
+- ``filtered(key, message, verdict)``: a watcher is done with a message (an event
+  named by its verdict on the message's span);
+- ``stored(key, watcher, bound)``: the event store queued a trigger event bound to
+  the message;
+- ``committed(seqs)``: the event store committed those bound events (before the
+  engine hears it);
+- ``advanced(key, batch)``: the producer advanced past a batch (the spans end);
+- ``abandoned(key, why)``: the key's group is gone; what it never advanced ends so.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final
 
 from ..errors import AcklaneError
+from ..manager import FIRED, REJECTED, Hooks, Received, Verdict
 from .redact import redact, redact_url, remember
 
 if TYPE_CHECKING:
@@ -49,10 +50,7 @@ if TYPE_CHECKING:
     from opentelemetry.trace import Span, SpanContext, Tracer
 
     from ..config import TracingSettings
-    from ..manager._group import _Group
-    from ..manager._ledger import _Entry
-    from ..manager._subscriber import _Subscriber
-    from ..manager._types import BoundEvent
+    from ..manager import BoundEvent
     from ..producer import AdvanceItem
     from ..sinks import Delivery, Sink
 
@@ -294,17 +292,17 @@ class _Getter:
 class _Open:
     """A message's span while the engine holds the message."""
 
-    __slots__ = ("entry", "fired", "key", "message_id", "span")
+    __slots__ = ("key", "message_id", "payload", "raw", "span")
 
-    def __init__(self, entry: _Entry, key: Hashable, message_id: str | None, span: Span) -> None:
-        self.entry = entry
+    def __init__(self, message: Received, key: Hashable, span: Span) -> None:
+        self.raw = message.raw
+        self.payload = message.payload
+        self.message_id = message.message_id
         self.key = key
-        self.message_id = message_id
         self.span = span
-        self.fired: dict[str, int] | None = None  # trigger events per watcher
 
 
-class MessageTracer:
+class MessageTracer(Hooks):
     """The engine's, the runner's and the sinks' hooks, on one TracerProvider."""
 
     def __init__(self, provider: TracerProvider, ratio: float | None = None) -> None:
@@ -325,6 +323,7 @@ class MessageTracer:
         self._kind_consumer = trace.SpanKind.CONSUMER
         self._kind_producer = trace.SpanKind.PRODUCER
         self._streams: dict[Hashable, tuple[dict[str, Any], str]] = {}
+        self._key_texts: dict[Hashable, str] = {}  # the stream key as stored events name it
         # id(payload) -> the spans of entries with that payload (one, but for a
         # producer whose payloads are shared values such as small ints)
         self._open: dict[int, list[_Open]] = {}
@@ -334,8 +333,13 @@ class MessageTracer:
 
     # -- set-up
 
-    def describe(self, key: Hashable, broker: str, streams: Sequence[str]) -> None:
-        """What every span of ``key`` says of its stream (the runner, per cohort)."""
+    def describe(
+        self, key: Hashable, broker: str, streams: Sequence[str], key_text: str | None = None
+    ) -> None:
+        """What every span of ``key`` says of its stream, and the text the event store
+        names ``key`` by (the runner, per cohort)."""
+        if key_text is not None:
+            self._key_texts[key] = key_text
         names = ",".join(streams)
         attributes: dict[str, Any] = {
             "messaging.system": _MESSAGING_SYSTEM.get(broker, broker),
@@ -347,19 +351,17 @@ class MessageTracer:
     def shutdown(self) -> None:
         """Export what is left and stop (spans still open are ended as abandoned)."""
         for key in {o.key for opens in self._open.values() for o in opens}:
-            self.abandon(key, "the pipeline stopped")
+            self.abandoned(key, "the pipeline stopped")
         self.provider.shutdown()
 
     # -- engine hooks
 
-    def received(self, group: _Group, entries: Iterable[_Entry]) -> None:
-        """The poll made ``entries``: one span each, child of its traceparent.
+    def received(self, key: Hashable, messages: Sequence[Received]) -> None:
+        """The poll took ``messages``: one span each, child of its traceparent.
 
         A span the sampler drops is not kept: nothing more is recorded of its message.
         """
-        key = group.key
         attributes, name = self._streams.get(key) or ({"acklane.stream_key": str(key)}, "process")
-        message_id_of = group.message_id_of
         start = self.tracer.start_span
         extract = self._propagator.extract
         getter = self._getter
@@ -369,8 +371,8 @@ class MessageTracer:
         ratio = self.ratio
         draw = self._random
         get_span = self._get_span
-        for entry in entries:
-            raw = entry.raw
+        for message in messages:
+            raw = message.raw
             carrier = getattr(raw, "attributes", None)
             parent = extract(carrier, getter=getter) if carrier else None
             # what the parent-based sampler would drop, dropped before any span is made
@@ -382,12 +384,7 @@ class MessageTracer:
                     parent = None
             if parent is None and ratio is not None and draw() >= ratio:
                 continue
-            mid: str | None = None
-            if message_id_of is not None:
-                try:
-                    mid = message_id_of(entry.payload)
-                except Exception:
-                    mid = None
+            mid = message.message_id
             attrs = attributes.copy()
             if mid is not None:
                 attrs["acklane.message_id"] = mid
@@ -397,8 +394,8 @@ class MessageTracer:
             span = start(name, context=parent, kind=kind, attributes=attrs)
             if not span.is_recording():
                 continue
-            opened = _Open(entry, key, mid, span)
-            ident = id(entry.payload)
+            opened = _Open(message, key, span)
+            ident = id(message.payload)
             same = opens.get(ident)
             if same is None:
                 opens[ident] = [opened]
@@ -407,72 +404,37 @@ class MessageTracer:
             if mid is not None:
                 by_mid[(key, mid)] = opened
 
-    def _find(self, entry: _Entry) -> _Open | None:
-        for opened in self._open.get(id(entry.payload), ()):
-            if opened.entry is entry:
+    def _find(self, message: Received) -> _Open | None:
+        raw = message.raw
+        for opened in self._open.get(id(message.payload), ()):
+            if opened.raw is raw:
                 return opened
         return None
 
-    def filtered(self, sub: _Subscriber, entry: _Entry) -> None:
-        """Watcher ``sub`` is done with ``entry``: an event named by its verdict on the
+    def filtered(self, key: Hashable, message: Received, verdict: Verdict) -> None:
+        """A watcher is done with ``message``: an event named by its verdict on the
         message's span (``acklane.fired``, ``acklane.acked``, ...)."""
-        opened = self._find(entry)
+        opened = self._find(message)
         if opened is None:
             return
-        watcher = sub.trigger_id
-        attrs: dict[str, Any] = {"acklane.watcher": watcher}
-        if sub.current is not entry or sub.failure is not None:
-            name = "acklane.failed"
-        elif sub.rejected_current:
-            name = "acklane.rejected"
-            marks = entry.marks
-            reasons = None if marks is None else marks.reasons
-            if reasons:
-                attrs["acklane.reason"] = _reason(reasons[-1])
-        else:
-            events = 0 if opened.fired is None else opened.fired.get(watcher, 0)
-            if events:
-                name = "acklane.fired"
-                attrs["acklane.events"] = events
-            else:
-                name = "acklane.acked"
-        opened.span.add_event(name, attrs)
-
-    def verdict(self, sub: _Subscriber, entry: _Entry, verdict: Any, failed: bool = False) -> None:
-        """What an inline watcher's filter decided on ``entry`` (the group evaluated it
-        as it broadcast): the same events on the message's span as :meth:`filtered`."""
-        opened = self._find(entry)
-        if opened is None:
-            return
-        attrs: dict[str, Any] = {"acklane.watcher": sub.trigger_id}
-        if failed:
-            name = "acklane.failed"
-        elif type(verdict) is list:
-            if verdict:
-                name = "acklane.fired"
-                attrs["acklane.events"] = len(verdict)
-            else:
-                name = "acklane.acked"
-        else:
-            name = "acklane.rejected"
-            reason = getattr(verdict, "reason", None)
-            if reason:
-                attrs["acklane.reason"] = _reason(reason)
-        opened.span.add_event(name, attrs)
+        attrs: dict[str, Any] = {"acklane.watcher": verdict.watcher}
+        outcome = verdict.outcome
+        if outcome == FIRED:
+            attrs["acklane.events"] = verdict.events
+        elif outcome == REJECTED and verdict.reason:
+            attrs["acklane.reason"] = _reason(verdict.reason)
+        opened.span.add_event(f"acklane.{outcome}", attrs)
 
     # -- runner hooks
 
-    def fired(self, key: Hashable, key_text: str, watcher: str, bound: BoundEvent | None) -> None:
-        """Watcher yielded a trigger event bound to the message it is on."""
+    def stored(self, key: Hashable, watcher: str, bound: BoundEvent | None) -> None:
+        """The event store queued a trigger event of ``watcher`` bound to its message."""
         if bound is None or bound.message_id is None:
             return
         opened = self._by_mid.get((key, bound.message_id))
         if opened is None:
             return
-        fired = opened.fired
-        if fired is None:
-            fired = opened.fired = {}
-        fired[watcher] = fired.get(watcher, 0) + 1
+        key_text = self._key_texts.get(key, str(key))
         self._seqs[bound.seq] = (opened, watcher, bound.message_id, bound.position, key_text)
 
     def committed(self, seqs: Iterable[int]) -> None:
@@ -505,7 +467,7 @@ class MessageTracer:
             opens = self._open.get(id(payload))
             if not opens:
                 continue
-            opened = next((o for o in opens if o.entry.payload is payload), None)
+            opened = next((o for o in opens if o.payload is payload), None)
             if opened is None:
                 continue
             self._forget(opened)
@@ -533,7 +495,7 @@ class MessageTracer:
                 span.set_status(Status(StatusCode.ERROR, "failed: the broker redelivers it"))
             span.end()
 
-    def abandon(self, key: Hashable, why: str) -> None:
+    def abandoned(self, key: Hashable, why: str) -> None:
         """The key's group is gone: what it never advanced ends as abandoned (the broker
         delivers it again)."""
         from opentelemetry.trace import Status, StatusCode
@@ -550,7 +512,7 @@ class MessageTracer:
             del self._seqs[seq]
 
     def _forget(self, opened: _Open) -> None:
-        ident = id(opened.entry.payload)
+        ident = id(opened.payload)
         opens = self._open.get(ident)
         if opens is not None:
             if len(opens) == 1 and opens[0] is opened:

@@ -36,8 +36,11 @@ from ..manager import (
     CONSUMER_CLOSED,
     FILTER_RETURNED,
     BoundEvent,
+    HookChain,
+    Hooks,
     InlineSubscription,
     SharedStreamManager,
+    hook_of,
 )
 from ..observe.health import CohortStatus, Health
 from ..observe.lag import LagMonitor
@@ -87,20 +90,49 @@ class RestartsExhausted(AcklaneError):
     (nothing advanced, no failure attributable to a message); the runner gave up."""
 
 
-class RunObserver:
-    """Hooks for displays (the demo, progress bars); every method is optional."""
+class RunObserver(Hooks):
+    """Hooks for displays (the demo, progress bars): the engine's :class:`Hooks`, of
+    which a display overrides what it shows (``fired``, ``advanced``, ``cohort_failed``,
+    ``rejected_payload``, ...); every method is optional."""
 
-    def fired(self, watcher: str, event: TriggerEvent, message_id: str | None) -> None:
-        """A watcher yielded a trigger event (before it is stored)."""
+
+class _Reactions(Hooks):
+    """The runner's own hooks: what it counts and does when the engine tells it.
+
+    First in the runner's :class:`HookChain`: the poison policy's progress books, then
+    a failed or leaving watcher fails its whole group (a cohort restarts together).
+    """
+
+    def __init__(self, runner: Runner) -> None:
+        self.runner = runner
 
     def advanced(self, key: Hashable, batch: Sequence[AdvanceItem]) -> None:
-        """The producer advanced the broker past a batch."""
+        self.runner.poison.advanced(key, len(batch))
 
-    def cohort_failed(self, key: Hashable, error: BaseException, delay: float) -> None:
-        """A cohort failed and restarts after ``delay`` seconds."""
+    def subscriber_failed(self, key: Hashable, trigger_id: str, error: BaseException) -> None:
+        # The failed watcher is out of every later snapshot: if its siblings went on,
+        # the broker would advance past events it never saw. Fail the whole group at
+        # once (nothing more is advanced) and let the cohort restart together.
+        runner = self.runner
+        if not runner.stopping:
+            runner.progress.sample()  # the group's counters, before it goes
+            runner.manager.fail_group(key, error)
 
-    def rejected_payload(self, watcher: str, error: Exception) -> None:
-        """A watcher yielded a payload that is not JSON; its raw event was rejected."""
+    def subscriber_leaving(self, key: Hashable, trigger_id: str, how: str) -> None:
+        # Called before the subscription detaches. While the pipeline runs a watcher
+        # never leaves in order (only a shutdown ends it): an orderly leave would ack the
+        # event it is on and let its siblings advance past what is broadcast after it.
+        runner = self.runner
+        if runner.stopping:
+            return
+        log.error(
+            "Watcher %s left while the pipeline runs (%s); failing its cohort so that "
+            "nothing is committed without it",
+            trigger_id,
+            how,
+        )
+        runner.progress.sample()  # the group's counters, before it goes
+        runner.manager.fail_group(key, WatcherLeft(f"watcher {trigger_id} left: {how}"))
 
 
 class _Cohort:
@@ -126,7 +158,7 @@ class _Cohort:
         if tracer is not None:
             stream = runner.config.streams.get(watchers[0].stream)
             broker = "" if stream is None else stream.connector_name
-            tracer.describe(key, broker, sorted({w.stream for w in watchers}))
+            tracer.describe(key, broker, sorted({w.stream for w in watchers}), self.key_text)
 
     async def run(self) -> None:
         engine = self.runner.config.engine
@@ -160,13 +192,12 @@ class _Cohort:
                 delay,
                 _why(error) if failure is None else failure.describe(),
             )
-            self.runner.observer.cohort_failed(self.key, error, delay)
+            self.runner.hooks.cohort_failed(self.key, error, delay)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(delay + engine.shutdown_timeout):
                     # the old group's producer leaves the broker before a new one joins
                     await self.runner.manager.wait_key_closed(self.key)
-            if self.runner.tracer is not None:  # what the old group never advanced
-                self.runner.tracer.abandon(self.key, _why(error))
+            self.runner.hooks.abandoned(self.key, _why(error))  # (never advanced)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(delay):
                     await self.runner.stopped.wait()
@@ -234,7 +265,7 @@ class _Cohort:
         runner = self.runner
         manager = runner.manager
         store = runner.store
-        observer = runner.observer
+        fired = hook_of(runner.hooks, "fired")  # (a display's, or None)
         name = trigger.name
         key = self.key
         key_text = self.key_text
@@ -258,7 +289,8 @@ class _Cohort:
                     try:
                         bound = manager.bind_event(trigger_id=name, key=key)
                         message_id = None if bound is None else bound.message_id
-                        observer.fired(name, event, message_id)
+                        if fired is not None:
+                            fired(name, event, message_id)
                         record = EventRecord(
                             name,
                             key_text,
@@ -357,12 +389,13 @@ class _Payloads:
     once one is queued, and what a payload that is not JSON does (it can never be
     stored: its raw event is rejected, dead-lettered, instead of looping on it)."""
 
-    __slots__ = ("key", "key_text", "manager", "name", "observer", "progress", "runner")
+    __slots__ = ("hooks", "key", "key_text", "manager", "name", "on_stored", "progress", "runner")
 
     def __init__(self, cohort: _Cohort, name: str) -> None:
         self.runner = cohort.runner
         self.manager = cohort.runner.manager
-        self.observer = cohort.runner.observer
+        self.hooks = cohort.runner.hooks
+        self.on_stored = hook_of(self.hooks, "stored")  # (tracing's, or None)
         self.name = name
         self.key = cohort.key
         self.key_text = cohort.key_text
@@ -374,9 +407,9 @@ class _Payloads:
         progress = self.progress
         progress.events += 1
         progress.watcher_events[self.name] += 1
-        tracer = self.runner.tracer  # OpenTelemetry spans, or None (tracing off)
-        if tracer is not None:
-            tracer.fired(self.key, self.key_text, self.name, bound)
+        on_stored = self.on_stored
+        if on_stored is not None:
+            on_stored(self.key, self.name, bound)
 
     def refused(
         self, exc: TypeError, bound: BoundEvent | None, reject: Callable[[str], object]
@@ -388,7 +421,7 @@ class _Payloads:
         reject(f"watcher {name}: {exc}")
         if bound is not None:
             self.manager.discard_pending_event(bound.seq)
-        self.observer.rejected_payload(name, exc)
+        self.hooks.rejected_payload(name, exc)
 
 
 def _inline_emitter(
@@ -411,8 +444,7 @@ def _inline_emitter(
     runner = payloads.runner
     manager = payloads.manager
     put = runner.store.put_event_nowait
-    observer = payloads.observer
-    fired = None if type(observer).fired is RunObserver.fired else observer.fired
+    fired = hook_of(payloads.hooks, "fired")  # (a display's, or None)
     name = payloads.name
     key = payloads.key
     key_text = payloads.key_text
@@ -503,9 +535,6 @@ class Runner:
             ack_timeout=config.engine.ack_timeout,
             cohort_grace_period=config.engine.cohort_grace_period,
             overflow=config.engine.overflow,
-            on_advance=self._on_advance,
-            on_subscriber_failed=self._on_subscriber_failed,
-            on_subscriber_leaving=self._on_subscriber_leaving,
             poison_policy=self.poison,
         )
         self._store: EventStore | None = None
@@ -522,6 +551,15 @@ class Runner:
         self.health.lag = self.lag
         #: OpenTelemetry spans of each message while the pipeline runs (None: tracing off).
         self.tracer: MessageTracer | None = None
+        #: Everything that watches the engine, in this order: the runner's own
+        #: reactions, the progress counters, the observer, the tracer (while on).
+        self.hooks = self._hooks()
+        self.manager.hooks = self.hooks
+
+    def _hooks(self) -> HookChain:
+        """The runner's :class:`HookChain`, in its fixed order."""
+        tracer = [] if self.tracer is None else [self.tracer]
+        return HookChain(_Reactions(self), self.progress, self.observer, *tracer)
 
     @property
     def stopped(self) -> asyncio.Event:
@@ -535,45 +573,14 @@ class Runner:
             raise RuntimeError("the runner is not running")
         return self._store
 
-    def _on_advance(self, key: Hashable, batch: Sequence[AdvanceItem]) -> None:
-        self.poison.advanced(key, len(batch))
-        self.progress.advanced(key, batch)
-        self.observer.advanced(key, batch)
-        if self.tracer is not None:
-            self.tracer.advanced(key, batch)
-
-    def _on_confirmed_traced(self, seqs: Sequence[int]) -> None:
-        """The store committed ``seqs``: their spans first, then the engine's books."""
-        tracer = self.tracer
-        if tracer is not None:
-            try:
-                tracer.committed(seqs)
-            except Exception:  # tracing must never hold back a confirmation
-                log.exception("tracing the event store's commit failed")
+    def _on_confirmed_hooked(self, seqs: Sequence[int]) -> None:
+        """The store committed ``seqs``: the hooks first (tracing's spans), then the
+        engine's books."""
+        try:
+            self.hooks.committed(seqs)
+        except Exception:  # a hook must never hold back a confirmation
+            log.exception("tracing the event store's commit failed")
         self.manager.confirm_persisted(seqs)
-
-    def _on_subscriber_failed(self, key: Hashable, trigger_id: str, exc: BaseException) -> None:
-        # The failed watcher is out of every later snapshot: if its siblings went on,
-        # the broker would advance past events it never saw. Fail the whole group at
-        # once (nothing more is advanced) and let the cohort restart together.
-        if not self.stopping:
-            self.progress.sample()  # the group's counters, before it goes
-            self.manager.fail_group(key, exc)
-
-    def _on_subscriber_leaving(self, key: Hashable, trigger_id: str, how: str) -> None:
-        # Called before the subscription detaches. While the pipeline runs a watcher
-        # never leaves in order (only a shutdown ends it): an orderly leave would ack the
-        # event it is on and let its siblings advance past what is broadcast after it.
-        if self.stopping:
-            return
-        log.error(
-            "Watcher %s left while the pipeline runs (%s); failing its cohort so that "
-            "nothing is committed without it",
-            trigger_id,
-            how,
-        )
-        self.progress.sample()  # the group's counters, before it goes
-        self.manager.fail_group(key, WatcherLeft(f"watcher {trigger_id} left: {how}"))
 
     def give_up(self, error: BaseException, message: str) -> None:
         """Stop for good because of ``error`` (the first one wins): log ``message`` once,
@@ -641,12 +648,14 @@ class Runner:
         health = self.health
         health.phase = "starting"
         tracer = self.tracer = start_tracing(self.config.tracing)
-        self.manager.tracer = tracer
+        self.manager.hooks = self.hooks = self._hooks()
         install(tracer)
         store = EventStore(
             self.config.store.url,
             on_confirmed=(
-                self.manager.confirm_persisted if tracer is None else self._on_confirmed_traced
+                self.manager.confirm_persisted
+                if hook_of(self.hooks, "committed") is None
+                else self._on_confirmed_hooked
             ),
             commit_interval=self.config.store.commit_interval_ms / 1000.0,
             pipeline=self.config.pipeline,
@@ -723,7 +732,7 @@ class Runner:
     async def _stop_tracing(self) -> None:
         """Export the last spans (in a thread: the exporter blocks) and stop tracing."""
         tracer, self.tracer = self.tracer, None
-        self.manager.tracer = None
+        self.manager.hooks = self.hooks = self._hooks()
         if tracer is None:
             return
         install(None)
