@@ -80,6 +80,8 @@ def test_a_body_is_decoded_once_for_every_watcher_evaluating_the_message() -> No
     assert [f(first) for f in filters] == [[], [], [], [{"k": 3}], []]
     assert [f(second) for f in filters] == [[], [], [], [], [{"k": 4}]]
     assert len(decodes) == 2
+    assert filters[3](first) == [{"k": 3}]  # kept on the message, not only the last one's
+    assert len(decodes) == 2
     bad = Counting(body=b"{oops")
     verdicts = [f(bad) for f in filters]
     assert all(isinstance(v, Rejected) and "not JSON" in v.reason for v in verdicts)

@@ -56,6 +56,13 @@ class RawMessage:
     source: str | None = None
     native: Any = field(default=None, repr=False, compare=False)
     broker_message_id: str | None = None
+    #: The body as :meth:`json` decoded it, ``(value, None)``, or why it could not,
+    #: ``(None, BodyDecodeError)``; None until a reader that only reads the value
+    #: (acklane's declarative filters) asked: the watchers that evaluate one message
+    #: in turn decode it once. Not a field of the message: never compared or shown.
+    json_memo: tuple[Any, BodyDecodeError | None] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
 
     def text(self) -> str:
         """The body decoded as UTF-8."""

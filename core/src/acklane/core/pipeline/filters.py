@@ -152,29 +152,23 @@ class _View:
         }
 
 
-# The last message whose body a declarative filter decoded, with the result (or the
-# BodyDecodeError): the inline path evaluates every watcher of a message one after
-# the other, so the body is decoded once for all of them. One tuple, swapped whole.
-# The decoded body is shared: declarative filters only read it, and a stored
-# payload is encoded at once.
-_last_body: tuple[Any, Any, BodyDecodeError | None] = (None, None, None)
-
-
 def _json_body(message: RawMessage) -> Any:
-    """``message.json()``, decoded once for consecutive calls on one message."""
-    global _last_body
-    last = _last_body
-    if last[0] is message:
-        if last[2] is not None:
-            raise last[2]
-        return last[1]
-    try:
-        body = message.json()
-    except BodyDecodeError as exc:
-        _last_body = (message, None, exc)
-        raise
-    _last_body = (message, body, None)
-    return body
+    """``message.json()``, decoded once per message (kept in ``message.json_memo``): the
+    inline path evaluates every watcher of a message one after the other. The decoded
+    body is shared: declarative filters only read it, and a stored payload is encoded
+    at once."""
+    memo = message.json_memo
+    if memo is None:
+        try:
+            body = message.json()
+        except BodyDecodeError as exc:
+            message.json_memo = (None, exc)
+            raise
+        message.json_memo = (body, None)
+        return body
+    if memo[1] is not None:
+        raise memo[1]
+    return memo[0]
 
 
 def _lenient_body(message: RawMessage) -> Any:
@@ -482,19 +476,18 @@ def _eq_field_filter(
     def evaluate(message: RawMessage) -> list[Any] | Rejected:
         if not isinstance(message, RawMessage):
             raise TypeError(f"{label}: expected a RawMessage, got {type(message).__name__}")
-        global _last_body
-        last = _last_body  # _json_body(), inlined: one call less per message
-        if last[0] is message:
-            if last[2] is not None:
-                return Rejected(prefix(str(last[2])))
-            body = last[1]
-        else:
+        memo = message.json_memo  # _json_body(), inlined: one call less per message
+        if memo is None:
             try:
                 body = message.json()
             except BodyDecodeError as exc:
-                _last_body = (message, None, exc)
+                message.json_memo = (None, exc)
                 return Rejected(prefix(str(exc)))
-            _last_body = (message, body, None)
+            message.json_memo = (body, None)
+        elif memo[1] is not None:
+            return Rejected(prefix(str(memo[1])))
+        else:
+            body = memo[0]
         value = body.get(part, missing) if type(body) is dict else _dig(body, parts)
         if type(value) in kinds:
             return [body] if value == operand else nothing
@@ -751,19 +744,18 @@ class CompiledFilter:
                 raise TypeError(f"{label}: expected a RawMessage, got {type(message).__name__}")
             body: Any
             if decode:
-                global _last_body
-                last = _last_body  # _json_body(), inlined: one call less per message
-                if last[0] is message:
-                    if last[2] is not None:
-                        return Rejected(prefix(str(last[2])))
-                    body = last[1]
-                else:
+                memo = message.json_memo  # _json_body(), inlined: one call less per message
+                if memo is None:
                     try:
                         body = message.json()
                     except BodyDecodeError as exc:
-                        _last_body = (message, None, exc)
+                        message.json_memo = (None, exc)
                         return Rejected(prefix(str(exc)))
-                    _last_body = (message, body, None)
+                    message.json_memo = (body, None)
+                elif memo[1] is not None:
+                    return Rejected(prefix(str(memo[1])))
+                else:
+                    body = memo[0]
             elif lenient:
                 body = _lenient_body(message)
             else:

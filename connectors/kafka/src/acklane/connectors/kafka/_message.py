@@ -102,6 +102,7 @@ class KafkaMessage(RawMessage):
         # these same fields itself, without this call: keep the two alike.)
         self._mid = _UNSET if prefix is None else f"{prefix}{offset}"
         self._attributes = self._when = _UNSET
+        self.json_memo = None  # (RawMessage's: its __init__ is not called)
 
     def __copy__(self) -> KafkaMessage:
         return KafkaMessage(self._message, self._generation, self._lane, self._offset, self._prefix)

@@ -943,6 +943,7 @@ class KafkaStreamProducer(SharedStreamProducer[KafkaDelivery]):
                 prefix = r._prefix = lane[1]
                 r._mid = f"{prefix}{offset}"
                 r._attributes = r._when = unset
+                r.json_memo = None
                 out.append(r)
             else:
                 out.append(record(m, lane[0], tp, offset, lane[1]))
