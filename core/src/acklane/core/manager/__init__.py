@@ -8,8 +8,12 @@ pop, and a counter decrement; no per-event sets or dicts of subscribers exist.
 The contract is docs/engine.md. Private modules, one concept each:
 
 - ``_manager``: :class:`SharedStreamManager` (subscribing, the binding channel, groups)
-- ``_group``: one key's group (membership, poll, pump, ack-timeout sweep, lifecycle), and
-  the narrow ``GroupHost`` it sees its manager through
+- one key's group, one class in a layer per concept: ``_group_base`` (its state, the
+  one resolve-and-ack routine, message identities), ``_poison`` (the poison policy's
+  moments), ``_lanes`` (the ledger's lanes and the pump), ``_members`` (membership,
+  failure propagation, room), ``_delivery`` (inline members evaluated by the
+  broadcast), ``_broadcast`` (the poll's paths), ``_sweep`` (the ack timeout) and
+  ``_group`` (its lifecycle, and ``GroupHost``: all it may use of its manager)
 - ``_hooks``: :class:`Hooks`, what watches the engine (tracing, progress, the runner, a
   display), called with plain values; :class:`HookChain` calls several in order
 - ``_subscriber``: one member (its queue, its binding window, the stream its filter reads,
@@ -26,17 +30,7 @@ from __future__ import annotations
 
 from ._common import log as log
 from ._group import _Group as _Group
-from ._hooks import (
-    ACKED,
-    FAILED,
-    FIRED,
-    REJECTED,
-    HookChain,
-    Hooks,
-    Received,
-    Verdict,
-    hook_of,
-)
+from ._hooks import ACKED, FAILED, FIRED, REJECTED, HookChain, Hooks, Received, Verdict, hook_of
 from ._ledger import _CLEAN_CACHE as _CLEAN_CACHE
 from ._ledger import _Entry as _Entry
 from ._manager import (

@@ -23,7 +23,7 @@ from ._ledger import _UNASKED, ACKED, REJECTED, _Entry
 from ._types import _new_tuple
 
 if TYPE_CHECKING:
-    from ._group import _Group
+    from ._members import _Members
     from ._types import InlineEmit, InlineEvaluate, InlineReady
 
 
@@ -132,7 +132,7 @@ class _Subscriber:
         "waiter",
     )
 
-    def __init__(self, group: _Group, trigger_id: str, trigger: BaseEventTrigger) -> None:
+    def __init__(self, group: _Members, trigger_id: str, trigger: BaseEventTrigger) -> None:
         self.group = group
         # the key object it subscribed with (equal to the group's): bind_event's check
         # that a window is this subscription's is then an identity test, no tuple compare
