@@ -10,10 +10,8 @@ them: the group's task, its producer, stopping, failing, closing.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Hashable
 from typing import Any, Protocol
 
-from ..trigger import BaseEventTrigger
 from ._broadcast import _optional_hook
 from ._common import log
 from ._group_base import GroupSettings
@@ -40,16 +38,9 @@ class GroupHost(GroupSettings, Protocol):
 class _Group(_Sweep):
     """All live subscribers of one key, sharing one upstream poll."""
 
-    def __init__(
-        self,
-        host: GroupHost,
-        key: Hashable,
-        trigger_cls: type[BaseEventTrigger],
-        kwargs: dict[str, Any],
-        founder: str = "",
-        settings: object = None,
-    ) -> None:
-        super().__init__(host, key, trigger_cls, kwargs, founder, settings)
+    def __init__(self, host: GroupHost, *args: Any) -> None:
+        """``host``, then :class:`~._group_base._GroupBase`'s arguments."""
+        super().__init__(host, *args)
         #: the manager's books of bindings and live groups, behind three calls
         self.owner = host
 
