@@ -284,6 +284,7 @@ class _Subscriber:
         queue = self.queue
         group = self.group
         acking = group.acking
+        resolve = group.resolve
         loop = asyncio.get_running_loop()
         window_get = current_window.get
         window_set = current_window.set
@@ -327,7 +328,19 @@ class _Subscriber:
                     filtered(group.key, self._received(entry), self._verdict(entry))
                 # The filter asks for the next raw event: this one's window closes
                 # (unless the subscriber was failed or closed meanwhile, which did it).
-                if self.current is entry:
+                if self.current is not entry:
+                    continue
+                binding = self.binding
+                if (
+                    acking
+                    and not self.rejected_current
+                    and (binding is None or binding.pending == 0)
+                ):
+                    # move_past()'s common case, without its call (once per delivery):
+                    # nothing it yielded for the event awaits the store, so it is acked
+                    self.current = None
+                    resolve(entry, ACKED)
+                else:
                     self.move_past()
         finally:
             self.waiter = None
