@@ -93,13 +93,10 @@ async def test_with_tracing_on_the_extra_carries_the_delivery_spans_traceparent(
 
     exporter = InMemorySpanExporter()
     tracer = tracing.start_tracing(TracingSettings(enabled=True), {}, exporter=exporter)
-    tracing.install(tracer)
     d = delivery({"order": 43})
-    try:
-        async with sink_for(airflow_server) as sink:
-            assert await sink.deliver([d]) == [None]
-    finally:
-        tracing.install(None)
+    async with sink_for(airflow_server) as sink:
+        sink.spans_from = tracer
+        assert await sink.deliver([d]) == [None]
     (span,) = exporter.get_finished_spans()
     assert span.name == "deliver to-airflow"
     (event,) = await events_of(airflow_server, d)

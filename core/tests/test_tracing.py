@@ -51,7 +51,6 @@ def broker() -> Iterator[MemoryBroker]:
 @pytest.fixture(autouse=True)
 def _clean() -> Iterator[None]:
     yield
-    tracing.install(None)
     forget_all()
 
 

@@ -333,11 +333,11 @@ def run_sinks(
         # delivery spans (their parents are the messages' spans only in the process
         # that stored the events: here each delivery starts a trace of its own)
         tracer = tracing.start_tracing(cfg.tracing)
-        tracing.install(tracer)
+        for sink, _ in sinks:
+            sink.spans_from = tracer
         try:
             await deliver()
         finally:
-            tracing.install(None)
             if tracer is not None:
                 await asyncio.to_thread(tracer.shutdown)
 

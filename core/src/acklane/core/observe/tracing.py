@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from ..errors import AcklaneError
 from ..manager import FIRED, REJECTED, Hooks, Received, Verdict
+from ..sinks._spans import SinkSpans
 from .redact import redact, redact_url, remember
 
 if TYPE_CHECKING:
@@ -248,20 +249,21 @@ def _remember_env_headers(env: Mapping[str, str]) -> None:
         remember(values)
 
 
-# -- the process's tracer (what sinks look up)
+# -- deprecated: sinks no longer look a process-wide tracer up
 
-_ACTIVE: MessageTracer | None = None
+_INSTALLED: list[MessageTracer | None] = [None]
 
 
 def active() -> MessageTracer | None:
-    """The tracer installed in this process, or None (tracing off)."""
-    return _ACTIVE
+    """Deprecated: what :func:`install` was last given (acklane reads it nowhere)."""
+    return _INSTALLED[0]
 
 
 def install(tracer: MessageTracer | None) -> None:
-    """Make ``tracer`` the one sinks use (None: tracing off again)."""
-    global _ACTIVE
-    _ACTIVE = tracer
+    """Deprecated, kept for old callers: sinks no longer read a process-wide tracer.
+    Hand it to each sink instead (``sink.spans_from = tracer``), as the runner and
+    ``acklane sinks run`` do."""
+    _INSTALLED[0] = tracer
 
 
 def _reason(text: object) -> str:
@@ -538,42 +540,10 @@ class MessageTracer(Hooks):
         return _LiveSinkSpans(self, sink, batch)
 
 
-class SinkSpans:
-    """The delivery spans of one sink call (this base: tracing off, nothing at all)."""
-
-    def __enter__(self) -> SinkSpans:
-        return self
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        return None
-
-    def carrier(self, index: int = 0) -> Mapping[str, str]:
-        """The W3C fields to send with event ``index`` of the batch (empty when off)."""
-        return _EMPTY
-
-    def current(self, index: int = 0) -> contextlib.AbstractContextManager[object]:
-        """Event ``index``'s delivery span as the current OpenTelemetry context (what
-        the function sink calls the function in); nothing when off."""
-        return contextlib.nullcontext()
-
-    def results(self, results: Sequence[BaseException | None]) -> None:
-        """Each event's outcome (None: delivered)."""
-
-
-_OFF: Final = SinkSpans()
-
-
 def sink_spans(sink: Sink, batch: Sequence[Delivery]) -> SinkSpans:
-    """The delivery spans of ``batch`` for ``sink``: a context manager; free when off."""
-    tracer = _ACTIVE
-    if tracer is None:
-        return _OFF
-    return tracer.sink_spans(sink, batch)
+    """The delivery spans of ``batch`` for ``sink``: its own tracer's (``sink.spans_from``),
+    free when it has none. Kept for old callers: a sink calls ``delivery_spans``."""
+    return sink.delivery_spans(batch)
 
 
 class _LiveSinkSpans(SinkSpans):

@@ -45,7 +45,7 @@ from ..manager import (
 from ..observe.health import CohortStatus, Health
 from ..observe.lag import LagMonitor
 from ..observe.progress import Progress
-from ..observe.tracing import MessageTracer, install, start_tracing
+from ..observe.tracing import MessageTracer, start_tracing
 from ..producer import AdvanceItem
 from ..sinks import Dispatcher, build_sinks
 from ..trigger import SharedStreamError, TriggerEvent, reject_shared_stream_event
@@ -647,9 +647,8 @@ class Runner:
     async def _run(self) -> None:
         health = self.health
         health.phase = "starting"
-        tracer = self.tracer = start_tracing(self.config.tracing)
+        self.tracer = start_tracing(self.config.tracing)
         self.manager.hooks = self.hooks = self._hooks()
-        install(tracer)
         store = EventStore(
             self.config.store.url,
             on_confirmed=(
@@ -735,7 +734,6 @@ class Runner:
         self.manager.hooks = self.hooks = self._hooks()
         if tracer is None:
             return
-        install(None)
         try:
             async with asyncio.timeout(self.config.engine.shutdown_timeout):
                 await asyncio.to_thread(tracer.shutdown)
@@ -785,6 +783,8 @@ class Runner:
         """The sinks' dispatcher, woken by each commit of new events (and, on PostgreSQL,
         by the commits of other processes), when some watcher has sinks."""
         sinks = build_sinks(self.config)
+        for sink, _ in sinks:
+            sink.spans_from = self.tracer  # its delivery spans (None: tracing off)
         if not sinks:
             return None
         store.notify_channel = SINK_CHANNEL  # a dispatcher elsewhere wakes too (PostgreSQL)

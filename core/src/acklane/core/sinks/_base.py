@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 from ..errors import AcklaneError
 from ._settings import SinkSettings
+from ._spans import NO_SPANS, SinkSpans, SpanSource
 
 if TYPE_CHECKING:
     from ..config import StreamConfig
@@ -172,6 +173,14 @@ class Sink(ABC):
         self.settings = settings
         self.context = context if context is not None else SinkContext()
         self.name = settings.name
+        #: Where the sink's delivery spans come from: the tracer of whoever runs it
+        #: (the runner, ``acklane sinks run``); None: tracing off.
+        self.spans_from: SpanSource | None = None
+
+    def delivery_spans(self, batch: Sequence[Delivery]) -> SinkSpans:
+        """The delivery spans of ``batch`` (a context manager); free when tracing is off."""
+        source = self.spans_from
+        return NO_SPANS if source is None else source.sink_spans(self, batch)
 
     @property
     def max_batch(self) -> int:

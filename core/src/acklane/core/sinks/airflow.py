@@ -27,7 +27,6 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 
 from ..durations import Duration
 from ..observe.redact import MASK, MIN_LENGTH, redact
-from ..observe.tracing import sink_spans
 from ._airflow_client import (
     AirflowClient,
     AssetRef,
@@ -356,7 +355,7 @@ class AirflowSink(Sink):
     # -- delivery ---------------------------------------------------------------------------
 
     async def deliver_one(self, delivery: Delivery) -> None:
-        with sink_spans(self, (delivery,)) as spans:
+        with self.delivery_spans((delivery,)) as spans:
             await self._deliver_one(delivery, spans.carrier(0))
             spans.results((None,))
 

@@ -38,7 +38,6 @@ from ..durations import Duration
 from ..errors import BrokerAuthError
 from ..names import NAME_PATTERN
 from ..observe.redact import redact
-from ..observe.tracing import SinkSpans, sink_spans
 from ._base import (
     Delivery,
     DeliveryError,
@@ -51,6 +50,7 @@ from ._base import (
     field_problem,
 )
 from ._settings import SinkSettings
+from ._spans import SinkSpans
 
 if TYPE_CHECKING:
     from ..config import StreamConfig
@@ -373,7 +373,7 @@ class BrokerSink(Sink):
         return _sized_key(value)
 
     async def deliver(self, batch: Sequence[Delivery]) -> list[DeliveryResult]:
-        with sink_spans(self, batch) as spans:
+        with self.delivery_spans(batch) as spans:
             results = await self._deliver(batch, spans)
             spans.results(results)
         return results

@@ -30,7 +30,6 @@ from pydantic import Field, model_validator
 
 from ..durations import Duration
 from ..observe.redact import redact
-from ..observe.tracing import sink_spans
 from ..pipeline.filters import import_object
 from ._base import (
     Delivery,
@@ -167,7 +166,7 @@ class FunctionSink(Sink):
     async def deliver_one(self, delivery: Delivery) -> None:
         # the function runs in its delivery span's context (a thread copies it): spans
         # it starts with OpenTelemetry are children of it
-        with sink_spans(self, (delivery,)) as spans, spans.current(0):
+        with self.delivery_spans((delivery,)) as spans, spans.current(0):
             await self._call(delivery)
             spans.results((None,))
 

@@ -42,7 +42,6 @@ from pydantic import BeforeValidator, ConfigDict, Field, SecretStr, field_valida
 from ..durations import Duration, format_duration
 from ..errors import AcklaneError
 from ..observe.redact import MASK, MIN_LENGTH, is_secret_name, redact, redact_url, remember
-from ..observe.tracing import sink_spans
 from ._base import (
     Delivery,
     DeliveryError,
@@ -474,7 +473,7 @@ class WebhookSink(Sink):
             mac.update(b"%d." % timestamp)
             mac.update(body)
             headers[SIGNATURE_HEADER] = f"t={timestamp},v1={mac.hexdigest()}"
-        with sink_spans(self, batch) as spans:
+        with self.delivery_spans(batch) as spans:
             # the trace context of the (first) event's delivery: W3C traceparent/tracestate
             headers.update(spans.carrier(0))
             outcome = await self._post(body, headers)
