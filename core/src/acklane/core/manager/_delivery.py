@@ -28,18 +28,19 @@ class _Delivery(_Members):
         later entries as failed (they counted it); a failed group stops it all."""
         deliver = self._deliver_inline
         verdict_of = self._inline_verdict
-        # (member, its evaluate) for the members evaluated here directly: not windowed
+        # (member, its evaluate, its emit) for the members evaluated here: not windowed
         plain = [
-            (sub, sub.inline.evaluate)
+            (sub, sub.inline.evaluate, sub.inline.emit)
             for sub in inline
             if sub.inline is not None and not sub.inline.windowed
         ]
+        bind = self.host.bind  # (a run is broadcast in ack mode only)
         windowed = [sub for sub in inline if sub.inline is not None and sub.inline.windowed]
         filtered = self.on_filtered  # (tracing's spans, or None)
         for entry in entries:
             raw = entry.raw
             empty = 0  # members on which nothing fired: acked together, after the loop
-            for sub, evaluate in plain:
+            for sub, evaluate, emit in plain:
                 if sub.failure is not None or sub.closed:
                     self.resolve(entry, FAILED)
                     continue
@@ -57,6 +58,29 @@ class _Delivery(_Members):
                     self._inline_filtered(sub, entry, verdict)
                 if type(verdict) is list and not verdict:
                     empty += 1
+                    continue
+                if type(verdict) is list and len(verdict) == 1:
+                    # _inline_verdict for one payload, without its call (a watcher that
+                    # fires fires once, most often): bound, emitted, then the window
+                    # closes, acked with the others when nothing awaits the store
+                    sub.current = entry
+                    try:
+                        emit(verdict[0], bind(sub, entry))
+                    except Exception as exc:  # the emitter's own error, not the message's
+                        self.force_fail(sub, exc)
+                        if self.frozen:
+                            return
+                        continue
+                    if self.frozen:
+                        return  # its emit failed the group: nothing more
+                    if sub.current is not entry:
+                        continue  # failed or closed by emit: that resolved it
+                    binding = sub.binding
+                    if not sub.rejected_current and (binding is None or binding.pending == 0):
+                        sub.current = None
+                        empty += 1
+                    else:
+                        sub.move_past()
                     continue
                 verdict_of(sub, entry, verdict)
                 if self.frozen:
