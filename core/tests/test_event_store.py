@@ -888,6 +888,7 @@ def test_cli_list_json_prints_one_object_per_line(sqlite_url: str) -> None:
         "id",
         "created_at",
         "trigger_id",
+        "stream",  # the stream's name; the stored key without a configuration (--url)
         "stream_key",
         "message_id",
         "position",
