@@ -75,6 +75,7 @@ BRANCHES: dict[str, type[AcklaneError]] = {
     "acklane.core.pipeline.runner.RestartsExhausted": AcklaneError,
     # the event store's database
     "acklane.core.events._store.StoreUnavailable": AcklaneError,
+    "acklane.core.observe.metrics.MetricsPortUnavailable": AcklaneError,
     # the data a filter reads
     "acklane.core.message.BodyDecodeError": AcklaneError,
     # sinks
@@ -130,6 +131,7 @@ BUILTIN_BASES: dict[str, type[Exception]] = {
     "acklane.core.stores._errors.OffloadedValueMissingError": LookupError,
     "acklane.core.cli.demo.DemoBrokerUnavailable": RuntimeError,
     "acklane.core.events._store.StoreUnavailable": RuntimeError,
+    "acklane.core.observe.metrics.MetricsPortUnavailable": OSError,
     "acklane.core.cli.demo.UnknownDemoBroker": LookupError,
     "acklane.integration.emulator.EmulatorError": RuntimeError,
     "acklane.core.sinks._registry.UnknownSinkKind": LookupError,
