@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Hashable
+from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,22 +42,8 @@ class Configured(AckTrigger):
         return Settings(**self.settings)
 
 
-@pytest.fixture
-def up() -> Upstream:
-    return Upstream(f"up-{uuid.uuid4().hex[:8]}")
-
-
-@pytest.fixture
-async def manager() -> AsyncIterator[SharedStreamManager]:
-    m = SharedStreamManager(ack_timeout=30.0)
-    yield m
-    await m.stop_all()
-
-
-@pytest.fixture(autouse=True)
-async def _stop_watchers() -> AsyncIterator[None]:
-    yield
-    await Watcher.stop_everyone()
+#: ``up``, ``manager`` and ``stop_watchers``: engine_harness's, through the conftest.
+pytestmark = pytest.mark.usefixtures("stop_watchers")
 
 
 async def _join(manager: SharedStreamManager, trigger_id: str, trigger: AckTrigger) -> None:

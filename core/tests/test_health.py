@@ -10,8 +10,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,14 +32,6 @@ BOOM_TEXT = "filter bug: always"
 def boom(message: Any) -> Any:
     """A filter that always raises (``test_health:boom``)."""
     raise RuntimeError(BOOM_TEXT)
-
-
-@pytest.fixture
-def broker() -> Iterator[MemoryBroker]:
-    b = MemoryBroker.get(f"h-{uuid.uuid4().hex[:8]}")
-    b.create_topic("orders", 1)
-    yield b
-    MemoryBroker.remove(b.name)
 
 
 def _config(db: Path, broker: str, filter_: str, backoff: float = 0.05) -> Any:

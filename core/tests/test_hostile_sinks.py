@@ -38,6 +38,8 @@ from acklane.core.sinks.webhook import (
     verify_signature,
 )
 
+pytestmark = pytest.mark.usefixtures("forget_secrets")
+
 PASSWORD = "PLANTED-airflow-password"
 #: The token the fake Airflow hands out: no "token" in it, so that a 403 quoting it
 #: reads as a permission refusal, not as an invalid token.
@@ -139,12 +141,6 @@ async def airflow() -> AsyncIterator[Server]:
             }
         )
         yield server
-
-
-@pytest.fixture(autouse=True)
-def _forget_secrets() -> Any:
-    yield
-    redact.forget_all()
 
 
 def redirect(to: str, status: int) -> Handler:
