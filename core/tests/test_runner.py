@@ -177,16 +177,14 @@ async def test_ack_timeout_of_one_watcher_restarts_its_cohort_with_redelivery(
         """\
         - name: slow
           stream: orders
-          filter: {function: "acklane.core.cli.demo:slow_audit"}
+          filter: {function: "runner_filters:stall_once"}
         - name: fast
           stream: orders
           filter: {emit: {id: body.id}}
         """,
         ack_timeout=0.5,
     )
-    from acklane.core.cli import demo
-
-    demo._STALLED.clear()
+    runner_filters.STALLED.clear()
     _publish(broker, [{"id": i, "stall": i == 3} for i in range(10)])
     await run_until(Runner(cfg, handle_signals=False), lambda: all_committed(broker))
     events = await _stored(db)
