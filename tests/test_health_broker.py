@@ -30,7 +30,6 @@ from test_health import _get, _Running, _until
 from acklane.connectors.memory import MemoryBroker
 from acklane.core.config import parse_config
 from acklane.core.connectors import Reachability
-from acklane.core.connectors._reachability import INITIAL_PAUSE, MAX_PAUSE
 from acklane.core.events import EventStore
 from acklane.core.observe.health import CohortStatus, Health
 from acklane.core.observe.metrics import start_metrics_server
@@ -173,7 +172,8 @@ def test_reachability_tells_each_change_once(caplog: pytest.LogCaptureFixture) -
 
 
 async def test_reachability_wait_pauses_doubling_to_the_max_and_starts_over() -> None:
-    assert (INITIAL_PAUSE, MAX_PAUSE) == (1.0, 30.0)  # the connectors' pauses
+    default = Reachability("s", "broker", "h")
+    assert (default.initial_pause, default.max_pause) == (1.0, 30.0)  # the connectors' pauses
     r = Reachability("s", "broker", "h", initial_pause=0.001, max_pause=0.004)
     slept: list[float] = []
     for _ in range(4):

@@ -173,6 +173,7 @@ async def test_dataclass_and_mapping_settings_name_their_fields(
 async def test_kafka_triggers_with_other_dead_letter_topics_are_refused_before_anything_connects(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # _producer: where the Kafka client classes are looked up, patched so none is created
     from acklane.connectors.kafka import KafkaMessageTrigger, _producer
 
     made: list[str] = []

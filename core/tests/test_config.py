@@ -213,6 +213,7 @@ def test_a_known_connector_that_is_not_installed_says_how_to_install_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # an extra acklane ships, but not installed here (whichever real ones are installed)
+    # a known extra that is not installed cannot be made otherwise: patch the list
     from acklane.core.config import _parse
 
     monkeypatch.setattr(_parse, "_KNOWN_EXTRAS", (*_parse._KNOWN_EXTRAS, "nosuchbroker"))

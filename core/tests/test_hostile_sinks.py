@@ -28,7 +28,7 @@ from aiohttp import web
 
 from acklane.core.observe import redact
 from acklane.core.sinks import Delivery, RefusedDelivery, RetryableDelivery, SinkContext
-from acklane.core.sinks._policy import judge
+from acklane.core.sinks._policy import judge  # the retry verdict alone, without waiting it
 from acklane.core.sinks.airflow import AirflowSink, AirflowSinkSettings
 from acklane.core.sinks.webhook import (
     SignatureError,

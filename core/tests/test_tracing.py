@@ -419,6 +419,7 @@ async def test_the_function_sink_calls_the_function_in_its_delivery_span(
 def test_tracing_on_without_the_extra_is_a_problem_at_its_line(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # OpenTelemetry is installed here: only the loader's own check can say it is not
     from acklane.core.config import _parse
 
     monkeypatch.setattr(_parse, "_tracing_installed", lambda: False)
