@@ -16,12 +16,15 @@ conftest. Here:
   (the secrets redaction knows, the installed tracer); a module opts in with
   ``pytestmark = pytest.mark.usefixtures(...)``.
 - ``sink_received``: what ``sink_functions``' sinks received, emptied before the test.
+- ``write_module``: writes a module of the test's own (filter or sink functions) into
+  its tmp_path under a unique name, forgotten by ``sys.modules`` after.
 """
 
 from __future__ import annotations
 
+import sys
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -105,3 +108,25 @@ def sink_received() -> None:
     """What the function sinks of ``sink_functions`` received in earlier tests, emptied."""
     RECEIVED.clear()
     RECEIVED_OTHER.clear()
+
+
+@pytest.fixture
+def write_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., str]]:
+    """``write_module(prefix, source)`` writes ``<prefix>_<unique>.py`` into tmp_path and
+    returns its name, importable (tmp_path on sys.path) unless ``importable=False``: for
+    code that finds the folder itself, whose change to sys.path is then undone."""
+    written: list[str] = []
+
+    def write(prefix: str, source: str, *, importable: bool = True) -> str:
+        name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+        (tmp_path / f"{name}.py").write_text(source)
+        written.append(name)
+        if importable:
+            monkeypatch.syspath_prepend(str(tmp_path))
+        else:
+            monkeypatch.setattr(sys, "path", list(sys.path))
+        return name
+
+    yield write
+    for name in written:
+        sys.modules.pop(name, None)

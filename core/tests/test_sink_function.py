@@ -8,8 +8,7 @@ import importlib
 import sys
 import textwrap
 import threading
-import uuid
-from collections.abc import Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -71,13 +70,10 @@ SINKS = textwrap.dedent(
 
 
 @pytest.fixture
-def module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """A module of sink functions in the configuration's folder (not on sys.path)."""
-    name = f"sinks_{uuid.uuid4().hex[:8]}"
-    (tmp_path / f"{name}.py").write_text(SINKS)
-    monkeypatch.setattr(sys, "path", list(sys.path))  # the sink adds the folder; undone after
-    yield name
-    sys.modules.pop(name, None)
+def module(write_module: Callable[..., str]) -> str:
+    """A module of sink functions in the configuration's folder (not on sys.path: the sink
+    adds the folder)."""
+    return write_module("sinks", SINKS, importable=False)
 
 
 def _delivery(payload: Any, event_id: str = "ev_0123456789abcdef0123456789abcdef") -> Delivery:
