@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
+from endpoint_harness import http_get, probe_until
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
-from test_health import _get, _until
 
 from acklane.connectors.kafka import KafkaConfig, KafkaConnector
 from acklane.connectors.sqs import SqsConfig, SqsConnector
@@ -270,7 +270,7 @@ async def test_a_running_pipeline_shows_its_kafka_lag_falling_to_zero(
         return bool(series) and seen[-1] == 0
 
     try:
-        _, body = await _until(server.port, "/metrics", lag_falls_to_zero, timeout=60)
+        _, body = await probe_until(server.port, "/metrics", lag_falls_to_zero, timeout=60)
         assert set(_lag_series(body)) == {
             ("kafka", "orders", f"{topic}/0"),
             ("kafka", "orders", f"{topic}/1"),
@@ -279,7 +279,7 @@ async def test_a_running_pipeline_shows_its_kafka_lag_falling_to_zero(
         families = list(text_string_to_metric_families(body))
         scraped = {f.name for f in families} | {s.name for f in families for s in f.samples}
         assert _documented() <= scraped  # docs/operations.md's table
-        _, ready = await asyncio.to_thread(_get, server.port, "/readyz")
+        _, ready = await asyncio.to_thread(http_get, server.port, "/readyz")
         lag = json.loads(ready)["streams"]["orders"]["lag"]
         assert lag["broker"] == "kafka" and lag["total"] == 0
         assert lag["partitions"] == {f"{topic}/0": 0, f"{topic}/1": 0}
