@@ -25,7 +25,9 @@ from typing import Any, ClassVar
 
 from .._container import ContainerEmulator, ContainerSpec
 from ..emulator import EmulatorError, LocalProcessEmulator, free_port, require_free_port
-from ._server import INSPECT_STATS, RELAXED_ENV, PubSubServer, PubSubState, ServerThread
+from ._server import INSPECT_STATS, PubSubServer
+from ._state import PubSubState
+from ._thread import RELAXED_ENV, ServerThread
 
 __all__ = [
     "DEFAULT_PROJECT",
