@@ -28,7 +28,7 @@ from ..emulator import (
     require_free_port,
     wait_for_port,
 )
-from ._server import DEFAULT_KEY, DEFAULT_KEY_NAME
+from ._sas import DEFAULT_KEY, DEFAULT_KEY_NAME
 
 __all__ = [
     "MicrosoftServiceBusEmulator",
