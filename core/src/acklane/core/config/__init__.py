@@ -20,7 +20,7 @@ the ``store`` and ``state`` sections), ``_imports`` (the user's modules, found b
 the configuration without shadowing installed ones) and ``_show`` (the resolved
 configuration with its secrets masked). Import from here, not from them.
 
-Loading registers the file's secrets with :mod:`acklane.core.observe.redact` (SecretStr
+Loading registers the file's secrets with :mod:`acklane.core.redact` (SecretStr
 fields, secret-like keys, URL passwords, ``${VAR}`` with secret-like names), and no
 :class:`ConfigError` message holds one.
 """

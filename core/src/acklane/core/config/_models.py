@@ -18,7 +18,7 @@ from pydantic import (
 from .._dbconf import DEFAULT_RETENTION, DEFAULT_URL, unsupported_url, url_parts
 from ..durations import Duration
 from ..names import NAME_PATTERN, NAME_RULE
-from ..observe.redact import redact_url
+from ..redact import redact_url
 
 _NAME_RE: Final = re.compile(NAME_PATTERN)
 _NAME_RULE: Final = NAME_RULE

@@ -65,7 +65,7 @@ class AcklaneConfig:
     metrics: MetricsSettings
     streams: Mapping[str, StreamConfig]
     watchers: tuple[WatcherConfig, ...]
-    #: The secret values of the file (acklane.core.observe.redact's rule), masked in all output.
+    #: The secret values of the file (acklane.core.redact's rule), masked in all output.
     secrets: frozenset[str] = field(default=frozenset(), repr=False)
     #: ``sinks:`` by name, in the file's order (each its kind's settings model).
     sinks: Mapping[str, SinkSettings] = field(default_factory=dict)

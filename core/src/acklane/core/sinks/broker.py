@@ -37,8 +37,8 @@ from ..connectors import OutgoingMessage, PublishError, PublishNotSupported
 from ..durations import Duration
 from ..errors import BrokerAuthError
 from ..names import NAME_PATTERN
-from ..observe.redact import redact
 from ..observe.tracing import SinkSpans, sink_spans
+from ..redact import redact
 from ._base import (
     Delivery,
     DeliveryError,

@@ -29,9 +29,9 @@ from typing import Annotated, Any, Final, Literal, Self
 from pydantic import Field, model_validator
 
 from ..durations import Duration
-from ..observe.redact import redact
 from ..observe.tracing import sink_spans
 from ..pipeline.filters import import_object
+from ..redact import redact
 from ._base import (
     Delivery,
     DeliveryError,
