@@ -53,8 +53,8 @@ from ._base import (
 from ._settings import SinkSettings
 
 if TYPE_CHECKING:
-    from ..config import StreamConfig
     from ..connectors import Publisher
+    from ..connectors._stream import StreamConfig
 
 __all__ = [
     "EVENT_ID_ATTRIBUTE",

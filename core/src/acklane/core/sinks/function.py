@@ -89,7 +89,7 @@ def _is_async(fn: Callable[..., Any]) -> bool:
 def _resolve(path: str, config_dir: Path | None) -> tuple[SinkFunction | None, str | None]:
     """The callable at ``path``, or why not (one line naming ``function``)."""
     if config_dir is not None and str(config_dir) not in sys.path:
-        from ..config import add_import_roots
+        from .._imports import add_import_roots
 
         add_import_roots(config_dir)
     try:
