@@ -7,36 +7,7 @@ sit below ``observe``. This module names the same functions and state.
 
 from __future__ import annotations
 
-from ..redact import (
-    MASK,
-    MIN_LENGTH,
-    RedactingStream,
-    forget_all,
-    guard_std_streams,
-    is_secret_name,
-    known_secrets,
-    redact,
-    redact_known,
-    redact_structure,
-    redact_url,
-    remember,
-    secrets_in,
-    url_password,
-)
+from .. import redact as _redact
+from ..redact import *  # noqa: F403 - every public name, as before
 
-__all__ = [
-    "MASK",
-    "MIN_LENGTH",
-    "RedactingStream",
-    "forget_all",
-    "guard_std_streams",
-    "is_secret_name",
-    "known_secrets",
-    "redact",
-    "redact_known",
-    "redact_structure",
-    "redact_url",
-    "remember",
-    "secrets_in",
-    "url_password",
-]
+__all__ = _redact.__all__
