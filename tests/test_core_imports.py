@@ -358,6 +358,21 @@ def test_core_has_no_import_cycle() -> None:
     assert cycles == [], "\n".join(" <-> ".join(c) for c in cycles)
 
 
+def test_a_package_split_across_layers_imports_nothing() -> None:
+    """Importing ``pipeline.filters`` runs ``pipeline/__init__`` first: a package with a
+    module in a layer below its own must not bring its higher layer along."""
+    core = [m for m, dist in OWNER.items() if dist == "core"]
+    heavy = []
+    # acklane.core itself imports its public names when first used, not with the package
+    for package in (m for m in core if m != ROOT[0]):
+        layer = _layer(package)
+        below = [m for m in core if m.startswith(package + ".") and (_layer(m) or 0) < (layer or 0)]
+        imports = sorted(b for a, b in _core_edges() if a == package)
+        if below and imports:
+            heavy.append(f"{package} (holds {below[0]}) imports {', '.join(imports)}")
+    assert heavy == [], "\n".join(heavy)
+
+
 def test_every_known_exception_is_still_there() -> None:
     gone = sorted(f"{a} -> {b}" for a, b in KNOWN if (a, b) not in EDGES)
     assert gone == [], "gone (delete them from KNOWN): " + ", ".join(gone)
