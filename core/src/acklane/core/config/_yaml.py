@@ -15,7 +15,7 @@ from typing import Any, Final
 
 import yaml
 
-from ..observe.redact import is_secret_name
+from ..redact import is_secret_name
 from ._errors import ConfigProblem, Loc, format_path
 from ._substitution import NULL_WORDS, is_one_reference, substitute
 

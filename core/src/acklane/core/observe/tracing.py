@@ -48,13 +48,13 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.trace import Span, SpanContext, Tracer
 
-    from ..config import TracingSettings
     from ..manager._group import _Group
     from ..manager._ledger import _Entry
     from ..manager._subscriber import _Subscriber
     from ..manager._types import BoundEvent
     from ..producer import AdvanceItem
     from ..sinks import Delivery, Sink
+    from ._tracing_settings import TracingSettings
 
 __all__ = [
     "EXPORTERS",

@@ -25,7 +25,7 @@ from ..errors import AcklaneError
 from ._settings import SinkSettings
 
 if TYPE_CHECKING:
-    from ..config import StreamConfig
+    from ..connectors._stream import StreamConfig
 
 __all__ = [
     "Delivery",

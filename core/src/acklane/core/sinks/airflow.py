@@ -26,8 +26,8 @@ from urllib.parse import urlsplit
 from pydantic import Field, SecretStr, field_validator, model_validator
 
 from ..durations import Duration
-from ..observe.redact import MASK, MIN_LENGTH, redact
 from ..observe.tracing import sink_spans
+from ..redact import MASK, MIN_LENGTH, redact
 from ._airflow_client import (
     AirflowClient,
     AssetRef,
