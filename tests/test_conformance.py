@@ -31,7 +31,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +40,7 @@ import pytest
 from acklane.core.connectors import load_connector
 from acklane.core.errors import AdvanceError
 from acklane.core.pipeline.runner import Runner
-from acklane.integration.emulator import Emulator
-from acklane.integration.kits import KITS, BrokerKit, DeadLetter, Source, kit_for
+from acklane.integration.kits import BrokerKit, DeadLetter, Source
 from acklane.integration.testing import (
     CLEAN,
     FAILED,
@@ -58,22 +57,6 @@ from acklane.integration.testing import (
 pytestmark = pytest.mark.filterwarnings("ignore:The return_immediately flag:DeprecationWarning")
 
 POISON_REASON = "poison: failed 2 times; last error: watcher big-orders: KeyError: 'amount'"
-
-
-@pytest.fixture(params=sorted(KITS))
-def broker(request: pytest.FixtureRequest) -> tuple[str, Emulator | None]:
-    """A connector's name and the session's emulator of its broker (none for memory)."""
-    name: str = request.param
-    if name == "memory":
-        return name, None
-    emulator: Emulator = request.getfixturevalue(f"{name}_emulator")
-    return name, emulator
-
-
-@pytest.fixture
-async def kit(broker: tuple[str, Emulator | None]) -> AsyncIterator[BrokerKit]:
-    async with kit_for(*broker) as made:
-        yield made
 
 
 def can(kit: BrokerKit, rule: str) -> None:

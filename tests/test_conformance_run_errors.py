@@ -16,31 +16,14 @@ What only one broker has (Kafka's reconnect and dropped connections, each broker
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
-from acklane.integration.emulator import Emulator
-from acklane.integration.kits import KITS, BrokerKit, kit_for, yaml_block
+from acklane.integration.kits import BrokerKit, yaml_block
 from acklane.integration.testing import AcklaneRun, write_pipeline
 
 pytestmark = pytest.mark.filterwarnings("ignore:The return_immediately flag:DeprecationWarning")
-
-
-@pytest.fixture(params=sorted(KITS))
-def broker(request: pytest.FixtureRequest) -> tuple[str, Emulator | None]:
-    name: str = request.param
-    if name == "memory":
-        return name, None
-    emulator: Emulator = request.getfixturevalue(f"{name}_emulator")
-    return name, emulator
-
-
-@pytest.fixture
-async def kit(broker: tuple[str, Emulator | None]) -> AsyncIterator[BrokerKit]:
-    async with kit_for(*broker) as made:
-        yield made
 
 
 def can(kit: BrokerKit, rule: str) -> None:

@@ -19,7 +19,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -33,12 +32,15 @@ from acklane.core.connectors.deadletter import REDRIVE_COUNT
 from acklane.core.pipeline.runner import Runner
 from acklane.core.testing import CLEAN, eventually, rejected
 from acklane.integration.emulator import Emulator
-from acklane.integration.kits import BrokerKit, PubSubBrokerKit, Source, kit_for
+from acklane.integration.kits import BrokerKit, PubSubBrokerKit, Source
 from acklane.integration.testing import AcklaneRun, StreamDriver, fired_ids, run_until
 
-pytestmark = pytest.mark.filterwarnings("ignore:The return_immediately flag:DeprecationWarning")
-
 BROKERS = ["kafka", "sqs", "pubsub", "servicebus"]
+
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:The return_immediately flag:DeprecationWarning"),
+    pytest.mark.kit_brokers(*BROKERS),
+]
 
 ORDERS = [
     {"id": 1, "amount": 500},
@@ -53,19 +55,6 @@ FIXED = {"match": {"body.amount": {"gt": 100}}}
 EMIT = {"id": "body.id", "redrives": f"attributes.{REDRIVE_COUNT}"}
 #: audit rejects test orders and fires for none of the others.
 AUDIT = {"match": {"body.kind": "audit"}, "reject": {"body.kind": "test"}}
-
-
-@pytest.fixture(params=BROKERS)
-def broker(request: pytest.FixtureRequest) -> tuple[str, Emulator]:
-    name: str = request.param
-    emulator: Emulator = request.getfixturevalue(f"{name}_emulator")
-    return name, emulator
-
-
-@pytest.fixture
-async def kit(broker: tuple[str, Emulator]) -> AsyncIterator[BrokerKit]:
-    async with kit_for(*broker) as made:
-        yield made
 
 
 def pipeline(directory: Path, kit: BrokerKit, source: Source, name: str, big: Any) -> Path:

@@ -52,8 +52,8 @@ BRANCHES: dict[str, type[AcklaneError]] = {
     "acklane.core.errors.BrokerUnreachable": ConnectorError,
     "acklane.core.connectors._publish.PublishNotSupported": ConnectorError,
     "acklane.core.connectors._publish.PublishError": ConnectorError,
-    "acklane.connectors.kafka._producer.KafkaReceiveError": ConnectorError,
-    "acklane.connectors.kafka._producer.KafkaAdvanceError": ConnectorError,
+    "acklane.connectors.kafka._errors.KafkaReceiveError": ConnectorError,
+    "acklane.connectors.kafka._errors.KafkaAdvanceError": ConnectorError,
     "acklane.connectors.sqs._producer.SqsConnectorError": ConnectorError,
     "acklane.connectors.sqs._producer.SqsAdvanceError": ConnectorError,
     "acklane.connectors.pubsub._producer.PubSubConnectorError": ConnectorError,
@@ -75,6 +75,7 @@ BRANCHES: dict[str, type[AcklaneError]] = {
     "acklane.core.pipeline.runner.RestartsExhausted": AcklaneError,
     # the event store's database
     "acklane.core.events._store.StoreUnavailable": AcklaneError,
+    "acklane.core.observe.metrics.MetricsPortUnavailable": AcklaneError,
     # the data a filter reads
     "acklane.core.message.BodyDecodeError": AcklaneError,
     # sinks
@@ -118,8 +119,8 @@ BUILTIN_BASES: dict[str, type[Exception]] = {
     "acklane.core.pipeline.filters.FilterSpecError": ValueError,
     "acklane.core.message.BodyDecodeError": ValueError,
     "acklane.core.connectors._registry.UnknownConnector": LookupError,
-    "acklane.connectors.kafka._producer.KafkaReceiveError": RuntimeError,
-    "acklane.connectors.kafka._producer.KafkaAdvanceError": RuntimeError,
+    "acklane.connectors.kafka._errors.KafkaReceiveError": RuntimeError,
+    "acklane.connectors.kafka._errors.KafkaAdvanceError": RuntimeError,
     "acklane.connectors.sqs._producer.SqsConnectorError": RuntimeError,
     "acklane.connectors.sqs._producer.SqsAdvanceError": RuntimeError,
     "acklane.connectors.memory._broker.MemoryCommitRefused": RuntimeError,
@@ -130,6 +131,7 @@ BUILTIN_BASES: dict[str, type[Exception]] = {
     "acklane.core.stores._errors.OffloadedValueMissingError": LookupError,
     "acklane.core.cli.demo.DemoBrokerUnavailable": RuntimeError,
     "acklane.core.events._store.StoreUnavailable": RuntimeError,
+    "acklane.core.observe.metrics.MetricsPortUnavailable": OSError,
     "acklane.core.cli.demo.UnknownDemoBroker": LookupError,
     "acklane.integration.emulator.EmulatorError": RuntimeError,
     "acklane.core.sinks._registry.UnknownSinkKind": LookupError,
@@ -184,7 +186,7 @@ def test_the_walk_reaches_every_distribution() -> None:
     prefixes = {name.rsplit(".", 1)[0] for name in ERRORS}
     for expected in (
         "acklane.core.errors",
-        "acklane.connectors.kafka._producer",
+        "acklane.connectors.kafka._errors",
         "acklane.connectors.sqs._producer",
         "acklane.integration.emulator",
     ):

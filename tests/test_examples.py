@@ -66,11 +66,12 @@ def header_commands(example: Path) -> list[list[str]]:
     return [shlex.split(m.group(1)) for m in re.finditer(r"uv run acklane (.+)", text)]
 
 
-def _backend() -> str:
+def emulator_backend() -> str:
+    """Where the examples' emulators run: ``local`` processes, or ``docker`` when asked."""
     return "docker" if os.environ.get(BACKEND_ENV, "").strip().lower() == "docker" else "local"
 
 
-def _address_environment(broker: str, port: int) -> dict[str, str]:
+def address_environment(broker: str, port: int) -> dict[str, str]:
     """The example's address variable, set to ``port`` on this machine."""
     if broker == "kafka":
         return {"KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{port}"}
@@ -267,11 +268,11 @@ def test_the_example_runs_as_its_header_says(
         **os.environ,
         "ACKLANE_STORE_URL": f"sqlite:///{db}",
         "COLUMNS": "200",
-        **_address_environment(broker, free_port()),
+        **address_environment(broker, free_port()),
     }
 
     # 1. the emulator, on the port the example's address variable names
-    start = [*commands[0], "--backend", _backend()]
+    start = [*commands[0], "--backend", emulator_backend()]
     emulator, out, err = background([*ACKLANE, *start], env)
     err.wait_for("Ctrl-C to stop", emulator, timeout=120)
     settings: dict[str, Any] = yaml.safe_load(out.text())
@@ -279,8 +280,8 @@ def test_the_example_runs_as_its_header_says(
     # A value of the configuration's that is a secret (the Service Bus connection string)
     # is masked in every output, this one included: the configuration has it already.
     printed = {k: v for k, v in example_environment(broker, settings).items() if v != MASK}
-    if _backend() == "local":  # it listens where the configuration reaches
-        for name in _address_environment(broker, 0):
+    if emulator_backend() == "local":  # it listens where the configuration reaches
+        for name in address_environment(broker, 0):
             assert printed.get(name, env[name]) == env[name], out.text()
     env.update(printed)
     if settings.get("connection_string") == MASK:
@@ -386,7 +387,7 @@ def test_the_webhook_sink_example_runs_as_its_header_says(
         "ACKLANE_STORE_URL": f"sqlite:///{tmp_path / 'events.db'}",
         "COLUMNS": "200",
         "WEBHOOK_URL": f"http://127.0.0.1:{port}/orders",
-        **_address_environment("kafka", free_port()),
+        **address_environment("kafka", free_port()),
     }
 
     def command(step: list[str]) -> list[str]:
@@ -394,7 +395,7 @@ def test_the_webhook_sink_example_runs_as_its_header_says(
             return [*ACKLANE, *step[1:]]
         return [sys.executable, *step[1:]]
 
-    emulator, _, err = background([*command(steps[0]), "--backend", _backend()], env)
+    emulator, _, err = background([*command(steps[0]), "--backend", emulator_backend()], env)
     err.wait_for("Ctrl-C to stop", emulator, timeout=120)
     receiver_step = [*steps[1][:-1], str(port)]  # the header's port, taken free here
     receiver, received, _ = background(command(receiver_step), env)

@@ -24,13 +24,12 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
+from endpoint_harness import Running, http_get, probe_until
 from prometheus_client import CollectorRegistry
-from test_health import _get, _Running, _until
 
 from acklane.connectors.memory import MemoryBroker
 from acklane.core.config import parse_config
 from acklane.core.connectors import Reachability
-from acklane.core.connectors._reachability import INITIAL_PAUSE, MAX_PAUSE
 from acklane.core.events import EventStore
 from acklane.core.observe.health import CohortStatus, Health
 from acklane.core.observe.metrics import start_metrics_server
@@ -173,7 +172,8 @@ def test_reachability_tells_each_change_once(caplog: pytest.LogCaptureFixture) -
 
 
 async def test_reachability_wait_pauses_doubling_to_the_max_and_starts_over() -> None:
-    assert (INITIAL_PAUSE, MAX_PAUSE) == (1.0, 30.0)  # the connectors' pauses
+    default = Reachability("s", "broker", "h")
+    assert (default.initial_pause, default.max_pause) == (1.0, 30.0)  # the connectors' pauses
     r = Reachability("s", "broker", "h", initial_pause=0.001, max_pause=0.004)
     slept: list[float] = []
     for _ in range(4):
@@ -190,12 +190,12 @@ async def test_reachability_wait_pauses_doubling_to_the_max_and_starts_over() ->
 
 
 @pytest.fixture
-async def run_stream(tmp_path: Path) -> AsyncIterator[Callable[[str], _Running]]:
+async def run_stream(tmp_path: Path) -> AsyncIterator[Callable[[str], Running]]:
     """``run_stream(block)``: a Runner of one stream ``orders`` (the YAML block of
     its settings) and one watcher, with its metrics port."""
-    started: list[_Running] = []
+    started: list[Running] = []
 
-    def start(stream: str) -> _Running:
+    def start(stream: str) -> Running:
         config = parse_config(
             textwrap.dedent(
                 """\
@@ -214,7 +214,7 @@ async def run_stream(tmp_path: Path) -> AsyncIterator[Callable[[str], _Running]]
         )
         runner = Runner(config, handle_signals=False)
         server = start_metrics_server(0, runner, CollectorRegistry(), addr="127.0.0.1")
-        started.append(_Running(runner, server, asyncio.create_task(runner.run())))
+        started.append(Running(runner, server, asyncio.create_task(runner.run())))
         return started[-1]
 
     yield start
@@ -234,21 +234,21 @@ def memory_broker() -> Iterator[MemoryBroker]:
 
 
 async def test_the_heartbeat_sets_and_clears_each_streams_broker_problem(
-    run_stream: Callable[[str], _Running], memory_broker: MemoryBroker
+    run_stream: Callable[[str], Running], memory_broker: MemoryBroker
 ) -> None:
     r = run_stream(
         f"connector: memory\nbroker: {memory_broker.name}\ntopics: [orders]\n"
         "group_id: g\npartitions: 1\npoll_interval: 0.02\n"
     )
     r.runner.health.heartbeat_interval = 0.02
-    await _until(r.port, "/readyz", lambda s, _: s == 200)
+    await probe_until(r.port, "/readyz", lambda s, _: s == 200)
     # the memory producer never has a problem: the manager reports one by hand
     problems: dict[Hashable, str] = dict.fromkeys(
         r.runner.manager._groups, "broker unreachable at mem (test)"
     )
     assert problems
     r.runner.manager.broker_problems = lambda: dict(problems)  # type: ignore[method-assign]
-    _, body = await _until(r.port, "/readyz", lambda s, _: s == 503)
+    _, body = await probe_until(r.port, "/readyz", lambda s, _: s == 503)
     answer = json.loads(body)
     assert answer["streams"]["orders"]["state"] == "polling"
     assert answer["streams"]["orders"]["broker"] == "broker unreachable at mem (test)"
@@ -256,7 +256,7 @@ async def test_the_heartbeat_sets_and_clears_each_streams_broker_problem(
         "stream orders cannot reach its broker: broker unreachable at mem (test)"
     ]
     problems.clear()  # it answers again: ready on the next beat
-    _, body = await _until(r.port, "/readyz", lambda s, _: s == 200)
+    _, body = await probe_until(r.port, "/readyz", lambda s, _: s == 200)
     assert "broker" not in json.loads(body)["streams"]["orders"]
 
 
@@ -265,24 +265,24 @@ def _not_ready_for_the_broker(status: int, body: str) -> bool:
 
 
 async def test_readyz_names_a_kafka_stream_whose_brokers_do_not_answer(
-    run_stream: Callable[[str], _Running],
+    run_stream: Callable[[str], Running],
 ) -> None:
     port = free_port()  # nothing listens there
     r = run_stream(
         f"connector: kafka\nbootstrap_servers: 127.0.0.1:{port}\ntopics: [orders]\ngroup_id: g\n"
     )
-    _, body = await _until(r.port, "/readyz", _not_ready_for_the_broker, timeout=90)
+    _, body = await probe_until(r.port, "/readyz", _not_ready_for_the_broker, timeout=90)
     answer = json.loads(body)
     assert answer["streams"]["orders"]["state"] == "polling"  # waiting, not failing
     broker = answer["streams"]["orders"]["broker"]
     assert broker.startswith(f"broker unreachable at 127.0.0.1:{port} (")
     assert f"stream orders cannot reach its broker: {broker}" in answer["problems"]
-    status, _ = await asyncio.to_thread(_get, r.port, "/healthz")
+    status, _ = await asyncio.to_thread(http_get, r.port, "/healthz")
     assert status == 200  # not ready is not dead: the process waits for the cluster
 
 
 async def test_readyz_names_an_sqs_stream_whose_endpoint_does_not_answer(
-    run_stream: Callable[[str], _Running],
+    run_stream: Callable[[str], Running],
 ) -> None:
     endpoint = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     secret = "NotShownAnywhere123"
@@ -291,7 +291,7 @@ async def test_readyz_names_an_sqs_stream_whose_endpoint_does_not_answer(
         f"region: us-east-1\naws_access_key_id: AKIATEST\naws_secret_access_key: {secret}\n"
         "wait_time_seconds: 1\n"
     )
-    _, body = await _until(r.port, "/readyz", _not_ready_for_the_broker, timeout=90)
+    _, body = await probe_until(r.port, "/readyz", _not_ready_for_the_broker, timeout=90)
     answer = json.loads(body)
     assert answer["streams"]["orders"]["state"] == "polling"
     broker = answer["streams"]["orders"]["broker"]

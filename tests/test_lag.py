@@ -22,14 +22,12 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
+from endpoint_harness import http_get, probe_until
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
-from test_health import _get, _until
 
-from acklane.connectors.kafka import KafkaConfig
-from acklane.connectors.kafka._lag import KafkaBacklogProbe
-from acklane.connectors.sqs import SqsConfig
-from acklane.connectors.sqs._lag import SqsBacklogProbe
+from acklane.connectors.kafka import KafkaConfig, KafkaConnector
+from acklane.connectors.sqs import SqsConfig, SqsConnector
 from acklane.core.config import parse_config
 from acklane.core.observe.lag import Backlog, BacklogProbe, LagMonitor
 from acklane.core.observe.metrics import start_metrics_server
@@ -142,8 +140,8 @@ async def test_kafka_lag_is_log_end_minus_committed_per_partition(kafka_kit: Kaf
     kafka_kit.produce(topic, [b"{}"], partition=1)  # a batch of one after it
     await asyncio.to_thread(_commit, servers, group, topic, 0, 4)
 
-    def probe(**fields: Any) -> KafkaBacklogProbe:
-        return KafkaBacklogProbe(
+    def probe(**fields: Any) -> BacklogProbe:
+        return KafkaConnector.backlog_probe(
             KafkaConfig(bootstrap_servers=servers, topics=[topic], group_id=group, **fields)
         )
 
@@ -175,7 +173,7 @@ async def test_kafka_lag_is_log_end_minus_committed_per_partition(kafka_kit: Kaf
 
 
 async def test_kafka_lag_names_a_missing_topic(kafka_kit: KafkaKit) -> None:
-    probe = KafkaBacklogProbe(
+    probe = KafkaConnector.backlog_probe(
         KafkaConfig(
             bootstrap_servers=kafka_kit.bootstrap_servers,
             topics=[KafkaKit.unique("absent")],
@@ -199,7 +197,7 @@ async def test_sqs_backlog_is_visible_in_flight_and_delayed(sqs_emulator: Emulat
         await queues.send(url, [f'{{"id": {i}}}' for i in range(5)])
         await queues.client.send_message(QueueUrl=url, MessageBody="{}", DelaySeconds=60)
         assert len(await queues.receive(url, max_messages=2, visibility_timeout=60)) == 2
-        probe = SqsBacklogProbe(SqsConfig(queue_url=url, **settings))
+        probe = SqsConnector.backlog_probe(SqsConfig(queue_url=url, **settings))
         try:
             (backlog,) = await probe.read()
         finally:
@@ -272,7 +270,7 @@ async def test_a_running_pipeline_shows_its_kafka_lag_falling_to_zero(
         return bool(series) and seen[-1] == 0
 
     try:
-        _, body = await _until(server.port, "/metrics", lag_falls_to_zero, timeout=60)
+        _, body = await probe_until(server.port, "/metrics", lag_falls_to_zero, timeout=60)
         assert set(_lag_series(body)) == {
             ("kafka", "orders", f"{topic}/0"),
             ("kafka", "orders", f"{topic}/1"),
@@ -281,7 +279,7 @@ async def test_a_running_pipeline_shows_its_kafka_lag_falling_to_zero(
         families = list(text_string_to_metric_families(body))
         scraped = {f.name for f in families} | {s.name for f in families for s in f.samples}
         assert _documented() <= scraped  # docs/operations.md's table
-        _, ready = await asyncio.to_thread(_get, server.port, "/readyz")
+        _, ready = await asyncio.to_thread(http_get, server.port, "/readyz")
         lag = json.loads(ready)["streams"]["orders"]["lag"]
         assert lag["broker"] == "kafka" and lag["total"] == 0
         assert lag["partitions"] == {f"{topic}/0": 0, f"{topic}/1": 0}
@@ -298,8 +296,7 @@ async def test_a_running_pipeline_shows_its_kafka_lag_falling_to_zero(
 
 
 async def test_servicebus_backlog_is_counted_by_peeking(servicebus_emulator: Emulator) -> None:
-    from acklane.connectors.servicebus import ServiceBusConfig
-    from acklane.connectors.servicebus._lag import ServiceBusBacklogProbe
+    from acklane.connectors.servicebus import ServiceBusConfig, ServiceBusConnector
     from acklane.integration.servicebus import ServiceBusEmulator, ServiceBusKit
 
     assert isinstance(servicebus_emulator, ServiceBusEmulator)
@@ -307,7 +304,7 @@ async def test_servicebus_backlog_is_counted_by_peeking(servicebus_emulator: Emu
     queue = bus.create_queue(lock_duration=30, max_delivery_count=1)
     kit = ServiceBusKit(bus.connection_string)
     await asyncio.to_thread(kit.send, queue, [f'{{"id": {i}}}' for i in range(7)])
-    probe = ServiceBusBacklogProbe(
+    probe = ServiceBusConnector.backlog_probe(
         ServiceBusConfig(connection_string=bus.connection_string, queue=queue)
     )
     try:
@@ -326,7 +323,7 @@ async def test_servicebus_backlog_is_counted_by_peeking(servicebus_emulator: Emu
 async def test_closing_a_kafka_probe_does_not_wait_for_a_read_in_progress() -> None:
     from acklane.integration.emulator import free_port
 
-    probe = KafkaBacklogProbe(
+    probe = KafkaConnector.backlog_probe(
         KafkaConfig(bootstrap_servers=f"127.0.0.1:{free_port()}", topics=["t"], group_id="g")
     )
     reading = asyncio.ensure_future(probe.read())  # nobody answers: 5 s to time out

@@ -160,7 +160,7 @@ def test_the_kafka_to_airflow_example_runs_as_its_header_says(
     import subprocess
     import sys
 
-    from test_examples import ROOT, _address_environment, _backend, header_steps, stop
+    from test_examples import ROOT, address_environment, emulator_backend, header_steps, stop
 
     from acklane.integration.emulator import free_port
 
@@ -178,11 +178,11 @@ def test_the_kafka_to_airflow_example_runs_as_its_header_says(
         "AIRFLOW_URL": airflow_server.url,
         "AIRFLOW_USERNAME": airflow_server.admin.username,
         "AIRFLOW_PASSWORD": airflow_server.admin.password,
-        **_address_environment("kafka", free_port()),
+        **address_environment("kafka", free_port()),
     }
     before = asyncio.run(_big_orders(airflow_server))
     emulator = subprocess.Popen(
-        [*acklane, *steps[0][1:], "--backend", _backend()],
+        [*acklane, *steps[0][1:], "--backend", emulator_backend()],
         cwd=ROOT,
         env=env,
         stdout=subprocess.DEVNULL,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Hashable
+from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,22 +42,8 @@ class Configured(AckTrigger):
         return Settings(**self.settings)
 
 
-@pytest.fixture
-def up() -> Upstream:
-    return Upstream(f"up-{uuid.uuid4().hex[:8]}")
-
-
-@pytest.fixture
-async def manager() -> AsyncIterator[SharedStreamManager]:
-    m = SharedStreamManager(ack_timeout=30.0)
-    yield m
-    await m.stop_all()
-
-
-@pytest.fixture(autouse=True)
-async def _stop_watchers() -> AsyncIterator[None]:
-    yield
-    await Watcher.stop_everyone()
+#: ``up``, ``manager`` and ``stop_watchers``: engine_harness's, through the conftest.
+pytestmark = pytest.mark.usefixtures("stop_watchers")
 
 
 async def _join(manager: SharedStreamManager, trigger_id: str, trigger: AckTrigger) -> None:
@@ -187,6 +173,7 @@ async def test_dataclass_and_mapping_settings_name_their_fields(
 async def test_kafka_triggers_with_other_dead_letter_topics_are_refused_before_anything_connects(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # _producer: where the Kafka client classes are looked up, patched so none is created
     from acklane.connectors.kafka import KafkaMessageTrigger, _producer
 
     made: list[str] = []

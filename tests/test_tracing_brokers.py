@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,30 +22,19 @@ from acklane.core.connectors import OutgoingMessage
 from acklane.core.observe import tracing
 from acklane.core.pipeline import runner as runner_module
 from acklane.core.pipeline.runner import Runner
-from acklane.integration.emulator import Emulator
 from acklane.integration.kafka import KafkaKit
-from acklane.integration.kits import KITS, BrokerKit, kit_for
+from acklane.integration.kits import KITS, BrokerKit
 from acklane.integration.testing import run_until, write_pipeline
-
-pytestmark = pytest.mark.filterwarnings("ignore:The return_immediately flag:DeprecationWarning")
-
-UPSTREAM_TRACE = "0af7651916cd43dd8448eb211c80319c"
-UPSTREAM_SPAN = "b7ad6b7169203331"
-
 
 # the memory broker cannot be published to from outside (core/tests/test_tracing.py
 # covers it through MemoryBroker.publish)
-@pytest.fixture(params=sorted(k for k in KITS if k != "memory"))
-def broker(request: pytest.FixtureRequest) -> tuple[str, Emulator | None]:
-    name: str = request.param
-    emulator: Emulator = request.getfixturevalue(f"{name}_emulator")
-    return name, emulator
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:The return_immediately flag:DeprecationWarning"),
+    pytest.mark.kit_brokers(*sorted(k for k in KITS if k != "memory")),
+]
 
-
-@pytest.fixture
-async def kit(broker: tuple[str, Emulator | None]) -> AsyncIterator[BrokerKit]:
-    async with kit_for(*broker) as made:
-        yield made
+UPSTREAM_TRACE = "0af7651916cd43dd8448eb211c80319c"
+UPSTREAM_SPAN = "b7ad6b7169203331"
 
 
 @pytest.fixture

@@ -2,6 +2,10 @@
 
 The real brokers' tests live in integration/tests; these only exercise the
 engine's bookkeeping, so the producer is a queue the test pushes into.
+
+Its fixtures (``up``, ``manager``, ``stop_watchers``) are defined here, beside the
+doubles they build, and exposed by the conftest of core/tests and of tests/ (both use
+them).
 """
 
 from __future__ import annotations
@@ -9,8 +13,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Iterable, Sequence
 from typing import Any
+
+import pytest
 
 from acklane.core import (
     AdvanceItem,
@@ -353,3 +360,23 @@ class Gate:
         self.entered.append(ident)
         await self.released.setdefault(ident, asyncio.Event()).wait()
         return [raw] * self.yields
+
+
+@pytest.fixture(params=["open_stream", "open_batches"])
+def up(request: pytest.FixtureRequest) -> Upstream:
+    """Every rule holds whether the producer yields records one by one or in batches."""
+    return Upstream(f"up-{uuid.uuid4().hex[:8]}", batched=request.param == "open_batches")
+
+
+@pytest.fixture
+async def manager() -> AsyncIterator[SharedStreamManager]:
+    m = SharedStreamManager(max_subscriber_queue=8, ack_timeout=30.0)
+    yield m
+    await m.stop_all()
+
+
+@pytest.fixture
+async def stop_watchers() -> AsyncIterator[None]:
+    """Every ``Watcher`` a test started, stopped after it (apply with usefixtures)."""
+    yield
+    await Watcher.stop_everyone()

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from acklane.core import RawMessage
 
 CRASHED: set[str] = set()
+STALLED: set[str] = set()
 
 
 def crash_once(message: RawMessage) -> dict[str, Any]:
@@ -16,6 +18,17 @@ def crash_once(message: RawMessage) -> dict[str, Any]:
         CRASHED.add(str(message.message_id))
         raise RuntimeError(f"filter bug on {message.message_id}")
     return {"id": body["id"]}
+
+
+async def stall_once(message: RawMessage) -> dict[str, Any]:
+    """A slow filter that stalls past the ack timeout the first time it sees a message
+    whose body says so (that delivery fails), then answers."""
+    await asyncio.sleep(0.03)
+    body = message.json()
+    if body.get("stall") and message.message_id not in STALLED:
+        STALLED.add(str(message.message_id))
+        await asyncio.sleep(3.0)
+    return {"audited": body["id"]}
 
 
 def not_json(message: RawMessage) -> Any:

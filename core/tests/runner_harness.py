@@ -3,26 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
 from acklane.connectors.memory import MemoryBroker
-from acklane.core.pipeline import runner as runner_module
 from acklane.core.pipeline.runner import Runner
 
-
-@pytest.fixture(params=["generator", "inline"])
-def filter_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """The runner's two paths for a synchronous filter: evaluated inline by the group
-    (the default) or run as a generator in a task of its own (``engine.inline_filters:
-    false``); a test using this fixture runs on both."""
-    if request.param == "generator":
-        monkeypatch.setattr(runner_module._Cohort, "_watch_inline", runner_module._Cohort._watch)
-    yield request.param
-
-
-#: Runs a runner test on both filter paths (see ``filter_path``).
+#: Runs a runner test on both filter paths (conftest's ``filter_path``).
 both_filter_paths = pytest.mark.usefixtures("filter_path")
 
 

@@ -1,17 +1,16 @@
 """Shared pieces of the state-store tests: a settable clock, backend factories, row counts.
 
-Fixtures are exported under their pytest names (``make_backend``, ``amake_backend``);
-a test module imports them with ``from stores_helpers import ...  # noqa: F401``.
-The database URL comes from conftest's ``db_url`` (SQLite and PostgreSQL).
+The fixtures built on these (``make_backend``, ``amake_backend``) are core/tests'
+conftest's; the database URL is the workspace conftest's ``db_url`` (SQLite and
+PostgreSQL). The state tables are read by the names docs/state-stores.md gives them.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
-import pytest
-from sqlalchemy import func, select
+from sqlalchemy import column, func, select, table
 
 from acklane.core.sql import sync_engine
 from acklane.core.stores import (
@@ -19,9 +18,19 @@ from acklane.core.stores import (
     MetastoreBackend,
     StateStoreSettings,
 )
-from acklane.core.stores._tables import asset_state, task_state
 
 START = 1_800_000_000.0
+
+#: The state tables by their documented names (docs/state-stores.md), with the columns
+#: these tests read: a test sees the schema a database administrator sees.
+task_state = table(
+    "acklane_task_state",
+    *(column(c) for c in ("id", "dag_id", "run_id", "task_id", "map_index", "key")),
+    *(column(c) for c in ("value", "value_ref")),
+)
+asset_state = table(
+    "acklane_asset_state", *(column(c) for c in ("id", "asset", "key", "value", "value_ref"))
+)
 
 
 class FakeClock:
@@ -40,7 +49,9 @@ class FakeClock:
 BackendFactory = Callable[..., MetastoreBackend]
 
 
-def _factory(url: str, made: list[MetastoreBackend], tmp_path: Any) -> BackendFactory:
+def backend_factory(url: str, made: list[MetastoreBackend], tmp_path: Any) -> BackendFactory:
+    """Build backends on ``url``, each kept in ``made`` (conftest's ``make_backend``)."""
+
     def make(
         settings: StateStoreSettings | None = None,
         *,
@@ -61,24 +72,6 @@ def _factory(url: str, made: list[MetastoreBackend], tmp_path: Any) -> BackendFa
         return backend
 
     return make
-
-
-@pytest.fixture(name="make_backend")
-def _make_backend(db_url: str, tmp_path: Any) -> Iterator[BackendFactory]:
-    """Build backends on the test's database (settings overrides as keywords); closed after."""
-    made: list[MetastoreBackend] = []
-    yield _factory(db_url, made, tmp_path)
-    for backend in made:
-        backend.close()
-
-
-@pytest.fixture(name="amake_backend")
-async def _amake_backend(db_url: str, tmp_path: Any) -> AsyncIterator[BackendFactory]:
-    """Like ``make_backend``, closed inside the test's event loop (async engines)."""
-    made: list[MetastoreBackend] = []
-    yield _factory(db_url, made, tmp_path)
-    for backend in made:
-        await backend.aclose()
 
 
 def row_counts(url: str) -> dict[str, int]:

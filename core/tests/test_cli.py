@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+# _command_of: which command the signals are taken over for, before typer parses (no
+# public name says it)
 from acklane.core.cli.app import _command_of, app
 
 runner = CliRunner()

@@ -6,7 +6,7 @@ import sys
 import textwrap
 import uuid
 import warnings
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -213,6 +213,7 @@ def test_a_known_connector_that_is_not_installed_says_how_to_install_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # an extra acklane ships, but not installed here (whichever real ones are installed)
+    # a known extra that is not installed cannot be made otherwise: patch the list
     from acklane.core.config import _parse
 
     monkeypatch.setattr(_parse, "_KNOWN_EXTRAS", (*_parse._KNOWN_EXTRAS, "nosuchbroker"))
@@ -498,12 +499,8 @@ async def test_a_triggers_filter_turns_raw_messages_into_trigger_events(
 
 
 @pytest.fixture
-def filter_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    name = f"acklane_cfg_filters_{uuid.uuid4().hex[:8]}"
-    (tmp_path / f"{name}.py").write_text("def pick(message):\n    return message.json()\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    yield name
-    sys.modules.pop(name, None)
+def filter_module(write_module: Callable[..., str]) -> str:
+    return write_module("acklane_cfg_filters", "def pick(message):\n    return message.json()\n")
 
 
 def test_a_function_filter_is_imported_at_load(filter_module: str) -> None:

@@ -6,12 +6,9 @@ import pytest
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
-from acklane.core._dbconf import (
-    is_sqlite_memory,
-    offline_url_problem,
-    unsupported_url,
-    url_parts,
-)
+# url_parts is the reader under test (what the public checks are built on); no public name
+from acklane.core._dbconf import url_parts
+from acklane.core.sql import is_sqlite_memory, offline_url_problem, unsupported_url
 
 URLS = [
     "sqlite:///acklane.db",

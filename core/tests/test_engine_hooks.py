@@ -16,7 +16,7 @@ from acklane.core.testing import eventually
 
 
 @pytest.fixture(params=["generator", "inline"], autouse=True)
-def filter_path(request: pytest.FixtureRequest) -> Iterator[str]:
+def watcher_path(request: pytest.FixtureRequest) -> Iterator[str]:
     """The hooks see the same moments whichever path a filter takes."""
     Watcher.inline_mode = request.param == "inline"
     yield request.param

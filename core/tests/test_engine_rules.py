@@ -28,33 +28,17 @@ from acklane.core.producer import reject_reasons_of
 from acklane.core.testing import eventually
 from acklane.core.trigger import uses_ack_channel
 
-
-@pytest.fixture(params=["open_stream", "open_batches"])
-def up(request: pytest.FixtureRequest) -> Upstream:
-    """Every rule holds whether the producer yields records one by one or in batches."""
-    return Upstream(f"up-{uuid.uuid4().hex[:8]}", batched=request.param == "open_batches")
+#: ``up``, ``manager`` and ``stop_watchers``: engine_harness's, through the conftest.
+pytestmark = pytest.mark.usefixtures("stop_watchers")
 
 
 @pytest.fixture(params=["generator", "inline"], autouse=True)
-def filter_path(request: pytest.FixtureRequest) -> Iterator[str]:
+def watcher_path(request: pytest.FixtureRequest) -> Iterator[str]:
     """Every rule holds for a generator filter and for a pure one the group evaluates
     inline (each Watcher whose behavior is synchronous subscribes inline)."""
     Watcher.inline_mode = request.param == "inline"
     yield request.param
     Watcher.inline_mode = False
-
-
-@pytest.fixture
-async def manager() -> AsyncIterator[SharedStreamManager]:
-    m = SharedStreamManager(max_subscriber_queue=8, ack_timeout=30.0)
-    yield m
-    await m.stop_all()
-
-
-@pytest.fixture(autouse=True)
-async def _stop_watchers() -> AsyncIterator[None]:
-    yield
-    await Watcher.stop_everyone()
 
 
 def _yield_nothing(raw: Any) -> list[Any]:

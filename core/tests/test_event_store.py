@@ -29,7 +29,7 @@ from typer.testing import CliRunner
 
 from acklane.core.cli.events import app as events_cli
 from acklane.core.events import EventRecord, EventStore, StoredEvent, events_table
-from acklane.core.events._store import backoff
+from acklane.core.events._store import backoff  # the pause rule alone; a store only waits it
 from acklane.core.sql import sync_engine
 
 # A safety net against hangs, never a measure of speed.
@@ -888,6 +888,7 @@ def test_cli_list_json_prints_one_object_per_line(sqlite_url: str) -> None:
         "id",
         "created_at",
         "trigger_id",
+        "stream",  # the stream's name; the stored key without a configuration (--url)
         "stream_key",
         "message_id",
         "position",
@@ -989,7 +990,7 @@ def test_cli_tail_follows_new_events_and_exits_cleanly_on_ctrl_c(sqlite_url: str
 
 
 def test_the_displayed_store_url_hides_the_password_and_secret_query_parameters() -> None:
-    from acklane.core.events._store import display_url
+    from acklane.core.events import display_url
 
     shown = display_url("postgresql://u:pw-123456@h/db?sslpassword=topsecret1&application_name=x")
     assert "pw-123456" not in shown
@@ -1012,6 +1013,7 @@ def test_the_displayed_store_url_hides_the_password_and_secret_query_parameters(
 def test_copy_text_escapes_exactly_what_postgresql_copy_reads_specially(
     row: tuple[str, str, str, str | None, int],
 ) -> None:
+    # the COPY encoder alone: a round trip through PostgreSQL cannot show each escape
     from acklane.core.events._insert import _copy_text
 
     def escaped(value: str) -> str:

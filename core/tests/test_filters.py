@@ -5,9 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import textwrap
-import uuid
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -264,10 +262,10 @@ def test_an_unknown_filter_field_is_refused() -> None:
 
 
 @pytest.fixture
-def module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+def module(write_module: Callable[..., str]) -> str:
     """An importable module of filter functions, under a unique name."""
-    name = f"acklane_test_filters_{uuid.uuid4().hex[:8]}"
-    (tmp_path / f"{name}.py").write_text(
+    return write_module(
+        "acklane_test_filters",
         textwrap.dedent(
             """
             from acklane.core.trigger import TriggerEvent, reject_shared_stream_event
@@ -306,11 +304,8 @@ def module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
 
             NOT_CALLABLE = 3
             """
-        )
+        ),
     )
-    monkeypatch.syspath_prepend(str(tmp_path))
-    yield name
-    sys.modules.pop(name, None)
 
 
 def test_a_function_filter_returns_the_payload(module: str) -> None:

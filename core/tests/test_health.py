@@ -8,14 +8,12 @@ import json
 import textwrap
 import threading
 import time
-import urllib.error
-import urllib.request
-import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from endpoint_harness import Running, http_get, http_probe, probe_until
 from prometheus_client import CollectorRegistry
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -23,7 +21,7 @@ from acklane.connectors.memory import MemoryBroker
 from acklane.core.config import parse_config
 from acklane.core.events import EventStore
 from acklane.core.observe.health import Health
-from acklane.core.observe.metrics import MetricsServer, start_metrics_server
+from acklane.core.observe.metrics import start_metrics_server
 from acklane.core.pipeline.runner import Runner
 from acklane.core.sql import async_engine
 
@@ -33,14 +31,6 @@ BOOM_TEXT = "filter bug: always"
 def boom(message: Any) -> Any:
     """A filter that always raises (``test_health:boom``)."""
     raise RuntimeError(BOOM_TEXT)
-
-
-@pytest.fixture
-def broker() -> Iterator[MemoryBroker]:
-    b = MemoryBroker.get(f"h-{uuid.uuid4().hex[:8]}")
-    b.create_topic("orders", 1)
-    yield b
-    MemoryBroker.remove(b.name)
 
 
 def _config(db: Path, broker: str, filter_: str, backoff: float = 0.05) -> Any:
@@ -64,49 +54,17 @@ def _config(db: Path, broker: str, filter_: str, backoff: float = 0.05) -> Any:
     )
 
 
-def _get(port: int, path: str) -> tuple[int, str]:
-    """Blocking GET (run it in a thread: the server answers from its own thread)."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as resp:
-            return resp.status, resp.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-
-
-async def _probe(port: int, path: str) -> tuple[int, str]:
-    return await asyncio.to_thread(_get, port, path)
-
-
-async def _until(
-    port: int, path: str, want: Callable[[int, str], bool], timeout: float = 30
-) -> tuple[int, str]:
-    """Probe until ``want(status, body)``; the last answer. Bounded by a generous timeout,
-    never by how fast the machine is."""
-    async with asyncio.timeout(timeout):
-        while True:
-            status, body = await _probe(port, path)
-            if want(status, body):
-                return status, body
-            await asyncio.sleep(0.02)
-
-
-class _Running:
-    def __init__(self, runner: Runner, server: MetricsServer, task: asyncio.Task[None]) -> None:
-        self.runner, self.server, self.task = runner, server, task
-        self.port = server.port
-
-
 @pytest.fixture
 async def running(tmp_path: Path, broker: MemoryBroker) -> AsyncIterator[Callable[..., Any]]:
-    started: list[_Running] = []
+    started: list[Running] = []
 
-    def start(filter_: str = "{emit: {id: body.id}}", backoff: float = 0.05) -> _Running:
+    def start(filter_: str = "{emit: {id: body.id}}", backoff: float = 0.05) -> Running:
         runner = Runner(
             _config(tmp_path / "e.db", broker.name, filter_, backoff), handle_signals=False
         )
         server = start_metrics_server(0, runner, CollectorRegistry(), addr="127.0.0.1")
         task = asyncio.create_task(runner.run())
-        started.append(_Running(runner, server, task))
+        started.append(Running(runner, server, task))
         return started[-1]
 
     yield start
@@ -118,45 +76,45 @@ async def running(tmp_path: Path, broker: MemoryBroker) -> AsyncIterator[Callabl
 
 
 async def test_ready_when_every_stream_polls_and_metrics_on_the_same_port(
-    running: Callable[..., _Running], broker: MemoryBroker
+    running: Callable[..., Running], broker: MemoryBroker
 ) -> None:
     r = running()
-    status, body = await _until(r.port, "/readyz", lambda s, _: s == 200)
+    status, body = await probe_until(r.port, "/readyz", lambda s, _: s == 200)
     ready = json.loads(body)
     assert ready["status"] == "ready"
     assert ready["streams"]["orders"]["state"] == "polling"
     assert ready["store"] == {"ok": True}
-    status, body = await _probe(r.port, "/healthz")
+    status, body = await http_probe(r.port, "/healthz")
     assert status == 200
     assert json.loads(body)["status"] == "alive"
     broker.publish("orders", b'{"id": 1}')
-    status, _ = await _until(
+    status, _ = await probe_until(
         r.port, "/metrics", lambda s, b: "acklane_events_broadcast_total{" in b
     )
     assert status == 200
 
 
 async def test_not_ready_while_a_stream_waits_out_a_restart_backoff(
-    running: Callable[..., _Running], broker: MemoryBroker
+    running: Callable[..., Running], broker: MemoryBroker
 ) -> None:
     broker.publish("orders", b'{"id": 1}')
     r = running('{function: "test_health:boom"}', backoff=30)
-    _, body = await _until(r.port, "/readyz", lambda s, b: s == 503 and "restarting" in b)
+    _, body = await probe_until(r.port, "/readyz", lambda s, b: s == 503 and "restarting" in b)
     answer = json.loads(body)
     assert answer["status"] == "not ready"
     assert answer["streams"]["orders"]["state"] == "restarting"
     assert BOOM_TEXT in answer["streams"]["orders"]["reason"]
     assert any("stream orders is restarting" in p for p in answer["problems"])
     # not ready is not dead: the process is alive and will restart the stream
-    status, _ = await _probe(r.port, "/healthz")
+    status, _ = await http_probe(r.port, "/healthz")
     assert status == 200
 
 
 async def test_not_ready_while_the_event_store_cannot_write_then_ready_again(
-    running: Callable[..., _Running], broker: MemoryBroker
+    running: Callable[..., Running], broker: MemoryBroker
 ) -> None:
     r = running()
-    await _until(r.port, "/readyz", lambda s, _: s == 200)
+    await probe_until(r.port, "/readyz", lambda s, _: s == 200)
     release = asyncio.Event()
 
     async def fail_until_released(conn: AsyncConnection) -> None:
@@ -165,34 +123,34 @@ async def test_not_ready_while_the_event_store_cannot_write_then_ready_again(
 
     r.runner.store.before_commit = fail_until_released
     broker.publish("orders", b'{"id": 1}')
-    _, body = await _until(r.port, "/readyz", lambda s, _: s == 503)
+    _, body = await probe_until(r.port, "/readyz", lambda s, _: s == 503)
     answer = json.loads(body)
     assert answer["store"]["ok"] is False
     assert "database is down (test)" in answer["store"]["problem"]
     assert answer["streams"]["orders"]["state"] == "polling"
     release.set()  # the writer's retry commits: ready again
-    await _until(r.port, "/readyz", lambda s, _: s == 200)
+    await probe_until(r.port, "/readyz", lambda s, _: s == 200)
     assert await r.runner.store.count() == 1
 
 
 async def test_not_ready_when_the_store_check_cannot_reach_the_database(
-    running: Callable[..., _Running],
+    running: Callable[..., Running],
 ) -> None:
     r = running()
-    await _until(r.port, "/readyz", lambda s, _: s == 200)
+    await probe_until(r.port, "/readyz", lambda s, _: s == 200)
     store = r.runner.store
     # The database goes away: the next check's connection attempt is refused.
     unreachable = async_engine("postgresql://nobody@127.0.0.1:1/none?connect_timeout=2")
     healthy, store._engine = store._engine, unreachable
     try:
         assert await store.ping(5) is False
-        _, body = await _until(r.port, "/readyz", lambda s, _: s == 503)
+        _, body = await probe_until(r.port, "/readyz", lambda s, _: s == 503)
         assert "the database is unreachable" in json.loads(body)["store"]["problem"]
     finally:
         store._engine = healthy
         await unreachable.dispose()
     assert await store.ping(5) is True
-    await _until(r.port, "/readyz", lambda s, _: s == 200)
+    await probe_until(r.port, "/readyz", lambda s, _: s == 200)
 
 
 async def test_the_runner_checks_the_store_periodically(tmp_path: Path) -> None:
@@ -220,11 +178,11 @@ async def test_the_runner_checks_the_store_periodically(tmp_path: Path) -> None:
     assert health.heartbeat is not None
 
 
-async def test_a_hung_event_loop_is_not_alive(running: Callable[..., _Running]) -> None:
+async def test_a_hung_event_loop_is_not_alive(running: Callable[..., Running]) -> None:
     r = running()
     r.runner.health.heartbeat_interval = 0.05
     r.runner.health.stale_after = 0.5
-    await _until(r.port, "/healthz", lambda s, b: s == 200 and "heartbeat_age" in b)
+    await probe_until(r.port, "/healthz", lambda s, b: s == 200 and "heartbeat_age" in b)
     beat = r.runner.health.heartbeat
     assert beat is not None
     answers: list[tuple[int, str]] = []
@@ -232,7 +190,7 @@ async def test_a_hung_event_loop_is_not_alive(running: Callable[..., _Running]) 
     def probe_while_hung() -> None:
         while time.monotonic() - beat <= 1.0:  # the heartbeat is surely stale by then
             time.sleep(0.01)
-        answers.append(_get(r.port, "/healthz"))
+        answers.append(http_get(r.port, "/healthz"))
 
     prober = threading.Thread(target=probe_while_hung)
     prober.start()
@@ -241,18 +199,18 @@ async def test_a_hung_event_loop_is_not_alive(running: Callable[..., _Running]) 
     status, body = answers[0]
     assert status == 503
     assert json.loads(body)["status"] == "event loop unresponsive"
-    await _until(r.port, "/healthz", lambda s, _: s == 200)  # it beats again
+    await probe_until(r.port, "/healthz", lambda s, _: s == 200)  # it beats again
 
 
-async def test_not_alive_once_the_runner_stopped(running: Callable[..., _Running]) -> None:
+async def test_not_alive_once_the_runner_stopped(running: Callable[..., Running]) -> None:
     r = running()
-    await _until(r.port, "/readyz", lambda s, _: s == 200)
+    await probe_until(r.port, "/readyz", lambda s, _: s == 200)
     r.runner.request_stop()
     async with asyncio.timeout(30):
         await r.task
-    status, body = await _probe(r.port, "/healthz")
+    status, body = await http_probe(r.port, "/healthz")
     assert (status, json.loads(body)["status"]) == (503, "stopped")
-    status, body = await _probe(r.port, "/readyz")
+    status, body = await http_probe(r.port, "/readyz")
     assert status == 503
     assert "the runner is stopped" in json.loads(body)["problems"]
 

@@ -22,7 +22,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from acklane.core.config import ConfigError, load_config, parse_config
-from acklane.core.config._yaml import MAX_BYTES, MAX_DEPTH, MAX_VALUES
+
+#: The loader's limits as docs/security.md states them: 1 MiB, 100 levels, 100,000 values.
+MAX_BYTES, MAX_DEPTH, MAX_VALUES = 1024 * 1024, 100, 100_000
 
 VALID = """\
 store:

@@ -22,7 +22,6 @@ import textwrap
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,31 +37,17 @@ from acklane.core.connectors.deadletter import REJECT_REASON
 from acklane.core.observe import metrics as metrics_module
 from acklane.core.observe import tracing
 from acklane.core.observe.metrics import start_metrics_server
-from acklane.core.observe.redact import forget_all, remember
+from acklane.core.observe.redact import remember
 from acklane.core.pipeline import runner as runner_module
 from acklane.core.pipeline.runner import Runner
+
+pytestmark = pytest.mark.usefixtures("tracing_off")
 
 #: A secret registered the way loading a configuration registers one.
 REGISTERED = "tok-registered-8f2c1d77"
 #: The password of a connection URL no configuration named (a credential shape).
 URL_PASSWORD = "pw-in-url-3b7e90"
 LEAKY_URL = f"postgresql://app:{URL_PASSWORD}@db.internal:5432/orders"
-
-
-@pytest.fixture(autouse=True)
-def _clean() -> Iterator[None]:
-    yield
-    tracing.install(None)
-    forget_all()
-
-
-@pytest.fixture
-def broker() -> Iterator[MemoryBroker]:
-    name = f"hostile-{uuid.uuid4().hex[:8]}"
-    b = MemoryBroker.get(name)
-    b.create_topic("orders", 1)
-    yield b
-    MemoryBroker.remove(name)
 
 
 def leaky(message: RawMessage) -> Any:

@@ -15,19 +15,12 @@ import subprocess
 import sys
 import textwrap
 import threading
-import uuid
-from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
-from runner_harness import (  # noqa: F401 - filter_path: a fixture
-    all_committed,
-    both_filter_paths,
-    filter_path,
-    run_until,
-)
+from runner_harness import all_committed, both_filter_paths, run_until
 
 from acklane.connectors.memory import MemoryBroker
 from acklane.core.config import AcklaneConfig, ConfigError, parse_config
@@ -71,15 +64,6 @@ def _config(db: Path, broker: str, watchers: str) -> AcklaneConfig:
         + textwrap.indent(textwrap.dedent(watchers), "  ")
     )
     return parse_config(text, source="hostile.yaml")
-
-
-@pytest.fixture
-def broker() -> Iterator[MemoryBroker]:
-    name = f"h-{uuid.uuid4().hex[:8]}"
-    b = MemoryBroker.get(name)
-    b.create_topic("orders", 1)
-    yield b
-    MemoryBroker.remove(name)
 
 
 async def _stored(db: Path) -> dict[str, list[Any]]:

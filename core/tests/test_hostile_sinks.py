@@ -28,7 +28,7 @@ from aiohttp import web
 
 from acklane.core.observe import redact
 from acklane.core.sinks import Delivery, RefusedDelivery, RetryableDelivery, SinkContext
-from acklane.core.sinks._policy import judge
+from acklane.core.sinks._policy import judge  # the retry verdict alone, without waiting it
 from acklane.core.sinks.airflow import AirflowSink, AirflowSinkSettings
 from acklane.core.sinks.webhook import (
     SignatureError,
@@ -37,6 +37,8 @@ from acklane.core.sinks.webhook import (
     sign,
     verify_signature,
 )
+
+pytestmark = pytest.mark.usefixtures("forget_secrets")
 
 PASSWORD = "PLANTED-airflow-password"
 #: The token the fake Airflow hands out: no "token" in it, so that a 403 quoting it
@@ -139,12 +141,6 @@ async def airflow() -> AsyncIterator[Server]:
             }
         )
         yield server
-
-
-@pytest.fixture(autouse=True)
-def _forget_secrets() -> Any:
-    yield
-    redact.forget_all()
 
 
 def redirect(to: str, status: int) -> Handler:

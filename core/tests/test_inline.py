@@ -21,9 +21,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from acklane.core import AdvanceItem, BaseEventTrigger, RawMessage, SharedStreamManager
-from acklane.core.events._model import encode_fields
+from acklane.core.events._model import encode_fields  # the store's encoder, without a store
 from acklane.core.manager import BoundEvent, Rejected
 from acklane.core.message import BodyDecodeError
+
+# _make_test: the generic rule the fast path must agree with (no public name says it)
 from acklane.core.pipeline.filters import _make_test, compile_filter
 from acklane.core.producer import LaneBatch, SharedStreamProducer
 

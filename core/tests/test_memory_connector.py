@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -35,17 +35,9 @@ from acklane.core.message import RawMessage
 from acklane.core.producer import AdvanceItem, AdvanceOutcome
 from acklane.core.testing import CLEAN, FAILED, UNCLAIMED, rejected
 
+pytestmark = pytest.mark.topics(t=1, p2=2)
+
 Delivery = tuple[RawMessage, MemoryDelivery]
-
-
-@pytest.fixture
-def broker() -> Iterator[MemoryBroker]:
-    name = f"test-{uuid.uuid4().hex[:10]}"
-    broker = MemoryBroker.get(name)
-    broker.create_topic("t", 1)
-    broker.create_topic("p2", 2)
-    yield broker
-    MemoryBroker.remove(name)
 
 
 def producer_for(broker: MemoryBroker, **settings: Any) -> MemoryStreamProducer:

@@ -35,6 +35,8 @@ from acklane.core.events import EventRecord, EventStore
 from acklane.core.pipeline.attempts import AttemptStore
 from acklane.core.pipeline.runner import Runner
 from acklane.core.sinks import sink_status
+
+# a sink's outbox driven step by step (lease, take, settle): no sink runs it so exactly
 from acklane.core.sinks._outbox import Failure, Outbox
 from acklane.core.sql import async_engine, is_sqlite, sync_engine
 

@@ -15,18 +15,12 @@ import subprocess
 import sys
 import textwrap
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import poison_filters
 import pytest
-from runner_harness import (  # noqa: F401 - filter_path: a fixture
-    all_committed,
-    both_filter_paths,
-    filter_path,
-    run_until,
-)
+from runner_harness import all_committed, both_filter_paths, run_until
 
 from acklane.connectors.memory import MemoryBroker
 from acklane.core.config import AcklaneConfig, parse_config
@@ -76,15 +70,6 @@ def _config(
         + textwrap.indent(textwrap.dedent(watchers), "  ")
     )
     return parse_config(text, source="poison.yaml")
-
-
-@pytest.fixture
-def broker() -> Iterator[MemoryBroker]:
-    name = f"p-{uuid.uuid4().hex[:8]}"
-    b = MemoryBroker.get(name)
-    b.create_topic("orders", 1)
-    yield b
-    MemoryBroker.remove(name)
 
 
 def _publish(broker: MemoryBroker, bodies: list[dict[str, Any]]) -> None:

@@ -6,8 +6,6 @@ import json
 import logging
 import re
 import textwrap
-import uuid
-from collections.abc import Iterator
 
 import pytest
 from runner_harness import all_committed, run_until
@@ -18,19 +16,13 @@ from acklane.core.observe.progress import COUNTS, Progress
 from acklane.core.pipeline.runner import Runner
 from acklane.core.producer import AdvanceItem, AdvanceOutcome
 
+pytestmark = pytest.mark.topics(orders=2)
+
 LINE = re.compile(
     r"^progress stream=(?P<stream>\S+) "
     + " ".join(rf"{name}=(?P<{name}>\d+) \(\+(?P<{name}_delta>\d+)\)" for name in COUNTS)
     + r" restarts=(?P<restarts>\d+)(?: state=(?P<state>\w+))?$"
 )
-
-
-@pytest.fixture
-def broker() -> Iterator[MemoryBroker]:
-    b = MemoryBroker.get(f"p-{uuid.uuid4().hex[:8]}")
-    b.create_topic("orders", 2)
-    yield b
-    MemoryBroker.remove(b.name)
 
 
 def _config(db: str, broker: str, filter_: str, interval: float = 0.05) -> str:

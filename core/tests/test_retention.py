@@ -6,8 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import textwrap
-import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -195,14 +194,6 @@ async def test_opening_a_store_adds_the_created_at_index_when_missing(db_url: st
 
 
 # -- the runner prunes while it runs ---------------------------------------------------
-
-
-@pytest.fixture
-def broker() -> Iterator[MemoryBroker]:
-    b = MemoryBroker.get(f"r-{uuid.uuid4().hex[:8]}")
-    b.create_topic("orders", 1)
-    yield b
-    MemoryBroker.remove(b.name)
 
 
 def _runner_config(url: str, broker: str, retention: str) -> str:

@@ -9,24 +9,19 @@ import signal
 import subprocess
 import sys
 import textwrap
-import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import runner_filters
-from runner_harness import (  # noqa: F401 - filter_path: a fixture
-    all_committed,
-    both_filter_paths,
-    filter_path,
-    run_until,
-)
+from runner_harness import all_committed, both_filter_paths, run_until
 
 from acklane.connectors.memory import MemoryBroker
 from acklane.core.config import parse_config
 from acklane.core.events import EventStore
 from acklane.core.pipeline.runner import Runner
+
+pytestmark = pytest.mark.topics(orders=2)
 
 TESTS = Path(__file__).parent
 
@@ -55,15 +50,6 @@ def _config(db: Path, broker: str, watchers: str, ack_timeout: float = 5) -> Any
         """
     ) + textwrap.indent(textwrap.dedent(watchers), "  ")
     return parse_config(text, source="test.yaml")
-
-
-@pytest.fixture
-def broker() -> AsyncIterator[MemoryBroker]:
-    name = f"b-{uuid.uuid4().hex[:8]}"
-    b = MemoryBroker.get(name)
-    b.create_topic("orders", 2)
-    yield b
-    MemoryBroker.remove(name)
 
 
 def _publish(broker: MemoryBroker, bodies: list[Any]) -> None:
@@ -191,16 +177,14 @@ async def test_ack_timeout_of_one_watcher_restarts_its_cohort_with_redelivery(
         """\
         - name: slow
           stream: orders
-          filter: {function: "acklane.core.cli.demo:slow_audit"}
+          filter: {function: "runner_filters:stall_once"}
         - name: fast
           stream: orders
           filter: {emit: {id: body.id}}
         """,
         ack_timeout=0.5,
     )
-    from acklane.core.cli import demo
-
-    demo._STALLED.clear()
+    runner_filters.STALLED.clear()
     _publish(broker, [{"id": i, "stall": i == 3} for i in range(10)])
     await run_until(Runner(cfg, handle_signals=False), lambda: all_committed(broker))
     events = await _stored(db)

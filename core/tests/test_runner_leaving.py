@@ -15,8 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import textwrap
-import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,8 @@ from acklane.core.config import parse_config
 from acklane.core.events import EventRecord, EventStore
 from acklane.core.pipeline.runner import Runner
 from acklane.core.pipeline.watcher import WatcherTrigger
+
+pytestmark = pytest.mark.topics(orders=2)
 
 GROUP = "g"
 
@@ -62,15 +63,6 @@ def _config(db: Path, broker: str, leaver_filter: str) -> Any:
         """
     )
     return parse_config(text, source="test.yaml")
-
-
-@pytest.fixture
-def broker() -> Iterator[MemoryBroker]:
-    name = f"b-{uuid.uuid4().hex[:8]}"
-    b = MemoryBroker.get(name)
-    b.create_topic("orders", 2)
-    yield b
-    MemoryBroker.remove(name)
 
 
 def _publish(broker: MemoryBroker, partition: int, body: dict[str, Any]) -> int:

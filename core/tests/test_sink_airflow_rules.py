@@ -12,6 +12,8 @@ import pytest
 from pydantic import ValidationError
 
 from acklane.core.sinks import Delivery, RefusedDelivery, RetryableDelivery, sink_class
+
+# the Airflow client's reading of replies, without a server: no public name
 from acklane.core.sinks._airflow_client import Reply, detail_of, retry_after_of
 from acklane.core.sinks.airflow import (
     AirflowSink,

@@ -8,8 +8,7 @@ import importlib
 import sys
 import textwrap
 import threading
-import uuid
-from collections.abc import Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -71,13 +70,10 @@ SINKS = textwrap.dedent(
 
 
 @pytest.fixture
-def module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """A module of sink functions in the configuration's folder (not on sys.path)."""
-    name = f"sinks_{uuid.uuid4().hex[:8]}"
-    (tmp_path / f"{name}.py").write_text(SINKS)
-    monkeypatch.setattr(sys, "path", list(sys.path))  # the sink adds the folder; undone after
-    yield name
-    sys.modules.pop(name, None)
+def sinks_module(write_module: Callable[..., str]) -> str:
+    """A module of sink functions in the configuration's folder (not on sys.path: the sink
+    adds the folder)."""
+    return write_module("sinks", SINKS, importable=False)
 
 
 def _delivery(payload: Any, event_id: str = "ev_0123456789abcdef0123456789abcdef") -> Delivery:
@@ -110,13 +106,13 @@ def test_the_registry_names_the_function_sink() -> None:
 
 
 async def test_a_sync_function_gets_each_event_in_a_worker_thread(
-    module: str, tmp_path: Path
+    sinks_module: str, tmp_path: Path
 ) -> None:
-    async with _sink(f"{module}:record", tmp_path) as sink:
+    async with _sink(f"{sinks_module}:record", tmp_path) as sink:
         results = await sink.deliver([_delivery({"id": 1})])
         assert results == [None]
         await sink.deliver_one(_delivery({"id": 2}, event_id="ev_" + "2" * 32))
-    got = _got(module)
+    got = _got(sinks_module)
     assert [(e, p) for e, p, _ in got] == [
         ("ev_0123456789abcdef0123456789abcdef", {"id": 1}),
         ("ev_" + "2" * 32, {"id": 2}),
@@ -124,54 +120,58 @@ async def test_a_sync_function_gets_each_event_in_a_worker_thread(
     assert all(thread != threading.current_thread().name for _, _, thread in got)
 
 
-async def test_an_async_function_is_awaited_on_the_event_loop(module: str, tmp_path: Path) -> None:
-    async with _sink(f"{module}:record_async", tmp_path) as sink:
+async def test_an_async_function_is_awaited_on_the_event_loop(
+    sinks_module: str, tmp_path: Path
+) -> None:
+    async with _sink(f"{sinks_module}:record_async", tmp_path) as sink:
         assert await sink.deliver([_delivery({"id": 3})]) == [None]
-    [(event_id, payload, thread)] = _got(module)
+    [(event_id, payload, thread)] = _got(sinks_module)
     assert (event_id, payload) == ("ev_0123456789abcdef0123456789abcdef", {"id": 3})
     assert thread == threading.current_thread().name
 
 
 async def test_an_exception_is_retryable_with_its_type_and_message(
-    module: str, tmp_path: Path
+    sinks_module: str, tmp_path: Path
 ) -> None:
-    async with _sink(f"{module}:broken", tmp_path) as sink:
+    async with _sink(f"{sinks_module}:broken", tmp_path) as sink:
         [result] = await sink.deliver([_delivery({"id": 9})])
     assert isinstance(result, RetryableDelivery)
     assert result.reason == "KeyError: 'customer 9 unknown'"
 
 
 async def test_refused_delivery_raised_by_the_function_parks_the_event(
-    module: str, tmp_path: Path
+    sinks_module: str, tmp_path: Path
 ) -> None:
-    async with _sink(f"{module}:refuse", tmp_path) as sink:
+    async with _sink(f"{sinks_module}:refuse", tmp_path) as sink:
         [result] = await sink.deliver([_delivery({"id": 4})])
     assert isinstance(result, RefusedDelivery)
     assert result.reason == "order 4 was cancelled"
 
 
 async def test_retryable_delivery_raised_by_the_function_keeps_its_retry_after(
-    module: str, tmp_path: Path
+    sinks_module: str, tmp_path: Path
 ) -> None:
-    async with _sink(f"{module}:later", tmp_path) as sink:
+    async with _sink(f"{sinks_module}:later", tmp_path) as sink:
         [result] = await sink.deliver([_delivery({"id": 5})])
     assert isinstance(result, RetryableDelivery)
     assert (result.reason, result.retry_after) == ("the service is in maintenance", 120)
 
 
-async def test_a_call_longer_than_the_timeout_is_retryable(module: str, tmp_path: Path) -> None:
-    async with _sink(f"{module}:slow", tmp_path, timeout=0.05) as sink:
+async def test_a_call_longer_than_the_timeout_is_retryable(
+    sinks_module: str, tmp_path: Path
+) -> None:
+    async with _sink(f"{sinks_module}:slow", tmp_path, timeout=0.05) as sink:
         [result] = await sink.deliver([_delivery({"id": 6})])
     assert isinstance(result, RetryableDelivery)
-    assert result.reason == f"{module}:slow did not return within 0.05s (timeout)"
+    assert result.reason == f"{sinks_module}:slow did not return within 0.05s (timeout)"
 
 
 async def test_a_known_secret_in_an_exception_never_reaches_the_reason(
-    module: str, tmp_path: Path
+    sinks_module: str, tmp_path: Path
 ) -> None:
     remember(["planted-secret-42"])
     try:
-        async with _sink(f"{module}:leak", tmp_path) as sink:
+        async with _sink(f"{sinks_module}:leak", tmp_path) as sink:
             [result] = await sink.deliver([_delivery({"id": 7})])
     finally:
         forget_all()
@@ -180,9 +180,11 @@ async def test_a_known_secret_in_an_exception_never_reaches_the_reason(
     assert result.reason.startswith("RuntimeError: login refused for token ")
 
 
-def test_the_function_is_found_in_the_configurations_folder(module: str, tmp_path: Path) -> None:
+def test_the_function_is_found_in_the_configurations_folder(
+    sinks_module: str, tmp_path: Path
+) -> None:
     settings = FunctionSinkSettings.model_validate(
-        {"name": "notify", "kind": "function", "function": f"{module}:record"}
+        {"name": "notify", "kind": "function", "function": f"{sinks_module}:record"}
     )
     assert str(tmp_path) not in sys.path
     assert FunctionSink.check_config(settings, tmp_path) == []
@@ -201,13 +203,13 @@ def test_the_function_is_found_in_the_configurations_folder(module: str, tmp_pat
     ],
 )
 def test_a_bad_function_path_is_a_clear_configuration_problem(
-    module: str, tmp_path: Path, function: str, problem: str
+    sinks_module: str, tmp_path: Path, function: str, problem: str
 ) -> None:
     settings = FunctionSinkSettings.model_validate(
-        {"name": "notify", "kind": "function", "function": function.format(module=module)}
+        {"name": "notify", "kind": "function", "function": function.format(module=sinks_module)}
     )
     [found] = FunctionSink.check_config(settings, tmp_path)
-    assert found.startswith(problem.format(module=module)), found
+    assert found.startswith(problem.format(module=sinks_module)), found
 
 
 async def test_opening_a_sink_whose_function_does_not_import_names_it(tmp_path: Path) -> None:

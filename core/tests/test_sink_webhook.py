@@ -54,6 +54,8 @@ from acklane.core.sinks.webhook import (
     verify_signature,
 )
 
+pytestmark = pytest.mark.usefixtures("forget_secrets")
+
 SECRET = "whsec-PLANTED-0123456789abcdef"
 TOKEN = "PLANTEDbearer-token-42"
 STORED_AT = datetime(2026, 3, 1, 12, 30, 5, 250000, tzinfo=UTC)
@@ -157,13 +159,6 @@ def dead_url() -> str:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     return f"http://127.0.0.1:{port}/hook"
-
-
-@pytest.fixture(autouse=True)
-def _forget_secrets() -> Any:
-    """The sinks built here register their (planted) secrets; forget them after."""
-    yield
-    redact.forget_all()
 
 
 # -- helpers ----------------------------------------------------------------------------

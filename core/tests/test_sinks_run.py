@@ -6,8 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import textwrap
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +19,11 @@ from acklane.core.cli.app import app
 from acklane.core.config import ConfigError, parse_config
 from acklane.core.pipeline.runner import Runner
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [
+    pytest.mark.timeout(60),
+    pytest.mark.topics(orders=2),
+    pytest.mark.usefixtures("sink_received"),
+]
 
 
 def _yaml(db: str, broker: str, *, sinks: str, watcher_sinks: str = "[calls]") -> str:
@@ -55,16 +57,6 @@ FUNCTION_SINK = """\
   kind: function
   function: "sink_functions:record"
 """
-
-
-@pytest.fixture
-def broker() -> Iterator[MemoryBroker]:
-    name = f"b-{uuid.uuid4().hex[:8]}"
-    b = MemoryBroker.get(name)
-    b.create_topic("orders", 2)
-    RECEIVED.clear()
-    yield b
-    MemoryBroker.remove(name)
 
 
 async def test_a_running_pipeline_delivers_each_stored_event_of_a_watcher_to_its_sink(

@@ -3,13 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from stores_helpers import (  # noqa: F401
-    BackendFactory,
-    FakeClock,
-    _amake_backend,
-    _make_backend,
-    row_counts,
-)
+from stores_helpers import BackendFactory, FakeClock, row_counts
 
 from acklane.core.stores import AssetInactiveError, AssetStore
 

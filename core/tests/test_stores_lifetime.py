@@ -8,13 +8,7 @@ from datetime import timedelta
 
 import pytest
 from pydantic import ValidationError
-from stores_helpers import (  # noqa: F401
-    BackendFactory,
-    FakeClock,
-    _amake_backend,
-    _make_backend,
-    row_counts,
-)
+from stores_helpers import BackendFactory, FakeClock, row_counts
 
 from acklane.core.stores import (
     NEVER_EXPIRE,

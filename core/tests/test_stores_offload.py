@@ -11,12 +11,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import select
-from stores_helpers import (  # noqa: F401
-    BackendFactory,
-    FakeClock,
-    _amake_backend,
-    _make_backend,
-)
+from stores_helpers import BackendFactory, FakeClock, asset_state, task_state
 
 from acklane.core.sql import sync_engine
 from acklane.core.stores import (
@@ -34,7 +29,6 @@ from acklane.core.stores import (
     TaskStore,
     open_backend,
 )
-from acklane.core.stores._tables import asset_state, task_state
 
 SCOPE = TaskScope("d", "r", "t")
 BIG = {"rows": ["x" * 100] * 20}  # about 2 kB of JSON

@@ -3,13 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from stores_helpers import (  # noqa: F401
-    BackendFactory,
-    _amake_backend,
-    _make_backend,
-    duplicate_keys,
-    row_counts,
-)
+from stores_helpers import BackendFactory, duplicate_keys, row_counts
 
 from acklane.core.stores import JsonValue, StateWrite, TaskScope, TaskStore, encode_value
 

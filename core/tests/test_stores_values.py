@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from stores_helpers import BackendFactory, _make_backend, row_counts  # noqa: F401
+from stores_helpers import BackendFactory, row_counts
 
 from acklane.core.stores import (
     AssetStore,

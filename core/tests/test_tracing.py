@@ -11,8 +11,7 @@ import os
 import subprocess
 import sys
 import textwrap
-import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +25,10 @@ from runner_harness import all_committed, run_until
 from acklane.connectors.memory import MemoryBroker
 from acklane.core.config import ConfigError, TracingSettings, parse_config
 from acklane.core.observe import tracing
-from acklane.core.observe.redact import forget_all
 from acklane.core.pipeline import runner as runner_module
 from acklane.core.pipeline.runner import Runner
+
+pytestmark = pytest.mark.usefixtures("tracing_off")
 
 # an upstream producer's span: what a message's traceparent header names
 UPSTREAM_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -37,21 +37,6 @@ TRACEPARENT = f"00-{UPSTREAM_TRACE}-{UPSTREAM_SPAN}-01"
 TOKEN = "otlp-token-7f3a9c2e1b"
 #: The events of a watcher's verdict on a message's span.
 VERDICTS = ("acklane.fired", "acklane.acked", "acklane.rejected", "acklane.failed")
-
-
-@pytest.fixture
-def broker() -> Iterator[MemoryBroker]:
-    name = f"b-{uuid.uuid4().hex[:8]}"
-    b = MemoryBroker.get(name)
-    b.create_topic("orders", 1)
-    yield b
-    MemoryBroker.remove(name)
-
-
-@pytest.fixture(autouse=True)
-def _clean() -> Iterator[None]:
-    yield
-    forget_all()
 
 
 def _config(db: Path, broker: str, *, extra: str = "", sinks: str = "") -> Any:
@@ -434,6 +419,7 @@ async def test_the_function_sink_calls_the_function_in_its_delivery_span(
 def test_tracing_on_without_the_extra_is_a_problem_at_its_line(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # OpenTelemetry is installed here: only the loader's own check can say it is not
     from acklane.core.config import _parse
 
     monkeypatch.setattr(_parse, "_tracing_installed", lambda: False)

@@ -22,8 +22,8 @@ from acklane.connectors.kafka import (
     KafkaMessage,
     KafkaStreamProducer,
 )
-from acklane.connectors.kafka import _producer as kafka_producer
-from acklane.connectors.kafka._producer import DLQ_ADDED_MAX_BYTES, DLQ_GROUP_MAX_BYTES
+from acklane.connectors.kafka import _dlq as kafka_dlq
+from acklane.connectors.kafka._dlq import DLQ_ADDED_MAX_BYTES, DLQ_GROUP_MAX_BYTES
 from acklane.core.connectors.deadletter import REASON_MAX_BYTES, TRUNCATED_MARK, bounded_text
 from acklane.core.producer import AdvanceItem, AdvanceOutcome
 from acklane.integration.kafka import KafkaKit
@@ -109,7 +109,7 @@ async def test_a_dead_letter_topic_smaller_than_a_source_topic_is_reported_at_st
     assert f"max.message.bytes of the DLQ topic {dlq} is 2000 bytes" in warning
     assert f"smaller than topic {topic}'s max.message.bytes 1000000" in warning
     assert f"at least {1_000_000 + DLQ_ADDED_MAX_BYTES}" in warning
-    assert driver.producer._dlq_limit == 2000
+    assert driver.producer._dead_letters.limit == 2000
 
 
 async def test_a_dlq_producer_limit_smaller_than_a_source_topic_is_reported_at_start(
@@ -249,7 +249,7 @@ def test_a_copy_the_broker_refuses_fails_the_group_naming_the_topic_limit_and_co
         made.append(RefusingProducer(settings))
         return made[-1]
 
-    monkeypatch.setattr(kafka_producer, "Producer", producer)
+    monkeypatch.setattr(kafka_dlq, "Producer", producer)
     config = KafkaConfig(
         bootstrap_servers="127.0.0.1:9", topics=["orders"], group_id="g", dead_letter="orders.dlq"
     )
@@ -257,7 +257,7 @@ def test_a_copy_the_broker_refuses_fails_the_group_naming_the_topic_limit_and_co
     kafka._consumer = consumer = StandInConsumer()
     kafka._cluster_id = "c-1"
     kafka._on_assign(consumer, [TopicPartition("orders", 0)])
-    kafka._dlq_limit = 2000  # read at start from the DLQ topic's max.message.bytes
+    kafka._dead_letters.limit = 2000  # read at start from the DLQ topic's max.message.bytes
     _, prefix = kafka._fetching[("orders", 0)]
     items = [
         AdvanceItem(KafkaMessage(Delivery(o, b"z" * 3000), 1, ("orders", 0), o, prefix), outcome)

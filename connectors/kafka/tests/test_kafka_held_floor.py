@@ -13,7 +13,7 @@ from typing import Any
 from confluent_kafka import TopicPartition
 
 from acklane.connectors.kafka import KafkaConfig, KafkaDelivery, KafkaMessage, KafkaStreamProducer
-from acklane.connectors.kafka._producer import _Handout
+from acklane.connectors.kafka._fetch import _Handout
 from acklane.core.producer import AdvanceItem
 from acklane.integration.testing import CLEAN, FAILED
 

@@ -8,7 +8,7 @@ from typing import Any
 from confluent_kafka import Message, TopicPartition
 
 from acklane.connectors.kafka import KafkaConfig, KafkaMessage, KafkaStreamProducer
-from acklane.connectors.kafka._producer import _all_clean
+from acklane.connectors.kafka._commit import _all_clean
 from acklane.core.producer import AdvanceItem, AdvanceOutcome, LaneBatch
 
 

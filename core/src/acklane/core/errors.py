@@ -26,10 +26,7 @@ This module imports nothing of acklane's, so every other module can import it.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .config._errors import ConfigProblem
+from typing import NamedTuple
 
 __all__ = [
     "AcklaneError",
@@ -47,6 +44,23 @@ __all__ = [
 
 class AcklaneError(Exception):
     """The root of every error acklane's distributions raise on purpose."""
+
+
+class ConfigProblem(NamedTuple):
+    """One problem in a configuration: where (file, line, field path) and what.
+
+    Defined here, beside the :class:`ConfigError` that carries it, so that this module
+    needs nothing of acklane's (:mod:`acklane.core.config` re-exports it).
+    """
+
+    source: str
+    line: int | None
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        where = f"{self.source}:{self.line}" if self.line is not None else self.source
+        return f"{where}: {self.path}: {self.message}" if self.path else f"{where}: {self.message}"
 
 
 class ConfigError(AcklaneError, ValueError):

@@ -18,7 +18,6 @@ are wrong (read committed offsets, not end offsets), and topic configs are kept
 from __future__ import annotations
 
 import base64
-import contextlib
 import importlib.resources
 import os
 import socket
@@ -31,6 +30,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, Any, ClassVar
 
+from ._container import ContainerEmulator, ContainerSpec, docker_container
 from .emulator import Emulator, EmulatorError, free_port, require_free_port, wait_for_port
 
 __all__ = [
@@ -298,7 +298,35 @@ class TansuEmulator(Emulator):
 # -- DOCKER: apache/kafka via testcontainers ---------------------------------------------
 
 
-class KafkaDockerEmulator(Emulator):
+def kraft_env(cluster_id: str, advertised: str) -> dict[str, str]:
+    """The ``apache/kafka`` image's environment for one node, broker and controller
+    (KRaft), advertising ``advertised`` (``host:port``) to its clients."""
+    return {
+        "CLUSTER_ID": cluster_id,
+        "KAFKA_NODE_ID": "1",
+        "KAFKA_PROCESS_ROLES": "broker,controller",
+        "KAFKA_LISTENERS": "PLAINTEXT://:9092,CONTROLLER://:9093",
+        "KAFKA_ADVERTISED_LISTENERS": f"PLAINTEXT://{advertised}",
+        "KAFKA_CONTROLLER_LISTENER_NAMES": "CONTROLLER",
+        "KAFKA_LISTENER_SECURITY_PROTOCOL_MAP": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+        "KAFKA_CONTROLLER_QUORUM_VOTERS": "1@localhost:9093",
+        "KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR": "1",
+        "KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR": "1",
+        "KAFKA_TRANSACTION_STATE_LOG_MIN_ISR": "1",
+    }
+
+
+def broker_spec(image: str, cluster_id: str, host: str, port: int) -> ContainerSpec:
+    """The broker's container: published on host ``port``, the port it advertises."""
+    env = kraft_env(cluster_id, f"{host}:{port}")
+    env["KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS"] = "0"
+    # Let tests use short sessions, as on tansu.
+    env["KAFKA_GROUP_MIN_SESSION_TIMEOUT_MS"] = "500"
+    env["KAFKA_NUM_PARTITIONS"] = "1"
+    return ContainerSpec(image, env=env, bind_ports={9092: port})
+
+
+class KafkaDockerEmulator(ContainerEmulator):
     """The official ``apache/kafka`` image (single-node KRaft) through testcontainers.
 
     testcontainers' own ``KafkaContainer`` drives Confluent's images (it runs their
@@ -308,7 +336,7 @@ class KafkaDockerEmulator(Emulator):
     """
 
     broker: ClassVar[str] = "kafka"
-    backend: ClassVar[str] = "docker"
+    title: ClassVar[str] = "the Kafka container"
 
     def __init__(
         self,
@@ -317,11 +345,11 @@ class KafkaDockerEmulator(Emulator):
         startup_timeout: float = 120.0,
         cluster_id: str | None = None,
     ) -> None:
+        super().__init__()
         self.image = image
         self.startup_timeout = startup_timeout
         #: The image's CLUSTER_ID (22 base64 characters); unique to this emulator unless given.
         self.cluster_id = cluster_id or new_cluster_id()
-        self._container: Any = None
         self._host: str | None = None
         self._port: int | None = None
 
@@ -334,62 +362,21 @@ class KafkaDockerEmulator(Emulator):
     def client_settings(self) -> dict[str, Any]:
         return {"bootstrap_servers": self.endpoint}
 
-    def start(self) -> None:
-        if self._container is not None:
-            return
-        try:
-            from testcontainers.core.container import (
-                DockerContainer,
-            )
-        except ImportError:
-            raise EmulatorError(
-                'the docker backend needs testcontainers: pip install "acklane-integration[docker]"'
-            ) from None
+    def _run(self) -> None:
         port = free_port()
-        container = DockerContainer(self.image)
+        container = docker_container(self.image)
         try:
             host = container.get_container_host_ip()
         except Exception:  # modes that need the started container to know
             host = "localhost"
-        env = {
-            "CLUSTER_ID": self.cluster_id,
-            "KAFKA_NODE_ID": "1",
-            "KAFKA_PROCESS_ROLES": "broker,controller",
-            "KAFKA_LISTENERS": "PLAINTEXT://:9092,CONTROLLER://:9093",
-            "KAFKA_ADVERTISED_LISTENERS": f"PLAINTEXT://{host}:{port}",
-            "KAFKA_CONTROLLER_LISTENER_NAMES": "CONTROLLER",
-            "KAFKA_LISTENER_SECURITY_PROTOCOL_MAP": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
-            "KAFKA_CONTROLLER_QUORUM_VOTERS": "1@localhost:9093",
-            "KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR": "1",
-            "KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR": "1",
-            "KAFKA_TRANSACTION_STATE_LOG_MIN_ISR": "1",
-            "KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS": "0",
-            # Let tests use short sessions, as on tansu.
-            "KAFKA_GROUP_MIN_SESSION_TIMEOUT_MS": "500",
-            "KAFKA_NUM_PARTITIONS": "1",
-        }
-        for name, value in env.items():
-            container.with_env(name, value)
-        container.with_bind_ports(9092, port)
-        container.start()
-        self._container, self._host, self._port = container, host, port
-        try:
-            self.wait_healthy(self.startup_timeout)
-        except EmulatorError:
-            self.stop()
-            raise
+        self._start(broker_spec(self.image, self.cluster_id, host, port), container)
+        self._host, self._port = host, port
 
     def wait_healthy(self, timeout: float = 60.0) -> None:
         if self._host is None or self._port is None:
             raise EmulatorError("the Kafka container is not started")
         wait_for_port(self._host, self._port, timeout)
         _wait_for_metadata(self._host, self._port, timeout)
-
-    def stop(self) -> None:
-        container, self._container = self._container, None
-        if container is not None:
-            with contextlib.suppress(Exception):
-                container.stop()
 
 
 LOCAL = TansuEmulator

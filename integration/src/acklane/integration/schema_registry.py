@@ -64,7 +64,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import contextlib
 import hmac
 import json
 import subprocess
@@ -83,11 +82,11 @@ from acklane.core.errors import AcklaneError
 from ._avro_compat import AvroSchema, AvroSchemaError
 from ._avro_compat import incompatibilities as avro_incompatibilities
 from ._avro_compat import parse as parse_avro
+from ._container import ContainerEmulator, ContainerSpec
 from ._json_compat import incompatibilities as json_incompatibilities
 from ._protobuf_compat import incompatibilities as protobuf_incompatibilities
 from ._protobuf_compat import parse as parse_protobuf
 from .emulator import (
-    Emulator,
     EmulatorError,
     LocalProcessEmulator,
     free_port,
@@ -779,7 +778,26 @@ class LocalSchemaRegistry(LocalProcessEmulator):
 # -- DOCKER: Confluent's image beside a Kafka broker ------------------------------------------
 
 
-class ConfluentSchemaRegistry(Emulator):
+def confluent_specs(
+    image: str, kafka_image: str, cluster_id: str, port: int
+) -> tuple[ContainerSpec, ContainerSpec]:
+    """The Kafka broker (``kafka`` on their network), then the registry on host ``port``."""
+    from .kafka import kraft_env
+
+    kafka = ContainerSpec(kafka_image, env=kraft_env(cluster_id, "kafka:9092"), aliases=("kafka",))
+    registry = ContainerSpec(
+        image,
+        env={
+            "SCHEMA_REGISTRY_HOST_NAME": "schema-registry",
+            "SCHEMA_REGISTRY_LISTENERS": "http://0.0.0.0:8081",
+            "SCHEMA_REGISTRY_KAFKASTORE_BOOTSTRAP_SERVERS": "PLAINTEXT://kafka:9092",
+        },
+        bind_ports={8081: port},
+    )
+    return kafka, registry
+
+
+class ConfluentSchemaRegistry(ContainerEmulator):
     """``confluentinc/cp-schema-registry`` (with ``apache/kafka`` for its store) under Docker.
 
     Both containers share a Docker network of their own; the registry's port is
@@ -787,7 +805,7 @@ class ConfluentSchemaRegistry(Emulator):
     """
 
     broker: ClassVar[str] = "schema-registry"
-    backend: ClassVar[str] = "docker"
+    title: ClassVar[str] = "the schema registry containers"
 
     def __init__(
         self,
@@ -796,11 +814,10 @@ class ConfluentSchemaRegistry(Emulator):
         kafka_image: str = KAFKA_IMAGE,
         startup_timeout: float = 180.0,
     ) -> None:
+        super().__init__()
         self.image = image
         self.kafka_image = kafka_image
         self.startup_timeout = startup_timeout
-        self._containers: list[Any] = []
-        self._network: Any = None
         self._url: str | None = None
 
     @property
@@ -815,61 +832,16 @@ class ConfluentSchemaRegistry(Emulator):
     def client_conf(self) -> dict[str, Any]:
         return {"url": self.endpoint}
 
-    def start(self) -> None:
-        if self._containers:
-            return
-        try:
-            from testcontainers.core.container import DockerContainer
-            from testcontainers.core.network import Network
-        except ImportError:
-            raise EmulatorError(
-                'the docker backend needs testcontainers: pip install "acklane-integration[docker]"'
-            ) from None
+    def _run(self) -> None:
         from .kafka import new_cluster_id
 
-        try:
-            self._network = Network()
-            self._network.create()
-            kafka = (
-                DockerContainer(self.kafka_image)
-                .with_network(self._network)
-                .with_network_aliases("kafka")
-            )
-            env = {
-                "CLUSTER_ID": new_cluster_id(),
-                "KAFKA_NODE_ID": "1",
-                "KAFKA_PROCESS_ROLES": "broker,controller",
-                "KAFKA_LISTENERS": "PLAINTEXT://:9092,CONTROLLER://:9093",
-                "KAFKA_ADVERTISED_LISTENERS": "PLAINTEXT://kafka:9092",
-                "KAFKA_CONTROLLER_LISTENER_NAMES": "CONTROLLER",
-                "KAFKA_LISTENER_SECURITY_PROTOCOL_MAP": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
-                "KAFKA_CONTROLLER_QUORUM_VOTERS": "1@localhost:9093",
-                "KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR": "1",
-                "KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR": "1",
-                "KAFKA_TRANSACTION_STATE_LOG_MIN_ISR": "1",
-            }
-            for name, value in env.items():
-                kafka.with_env(name, value)
-            kafka.start()
-            self._containers.append(kafka)
-            port = free_port()
-            registry = (
-                DockerContainer(self.image)
-                .with_network(self._network)
-                .with_env("SCHEMA_REGISTRY_HOST_NAME", "schema-registry")
-                .with_env("SCHEMA_REGISTRY_LISTENERS", "http://0.0.0.0:8081")
-                .with_env("SCHEMA_REGISTRY_KAFKASTORE_BOOTSTRAP_SERVERS", "PLAINTEXT://kafka:9092")
-                .with_bind_ports(8081, port)
-            )
-            registry.start()
-            self._containers.append(registry)
-            self._url = f"http://{registry.get_container_host_ip()}:{port}"
-            self.wait_healthy(self.startup_timeout)
-        except BaseException as exc:
-            self.stop()
-            if isinstance(exc, EmulatorError):
-                raise
-            raise EmulatorError(f"the schema registry containers did not start: {exc}") from exc
+        self._join_network()
+        kafka, registry = confluent_specs(
+            self.image, self.kafka_image, new_cluster_id(), free_port()
+        )
+        self._start(kafka)
+        started = self._start(registry)
+        self._url = f"http://{started.get_container_host_ip()}:{registry.bind_ports[8081]}"
 
     def wait_healthy(self, timeout: float = 120.0) -> None:
         url = self.endpoint
@@ -879,14 +851,7 @@ class ConfluentSchemaRegistry(Emulator):
         _answers(url, None, timeout, lambda: True)
 
     def stop(self) -> None:
-        containers, self._containers = self._containers, []
-        for container in reversed(containers):
-            with contextlib.suppress(Exception):
-                container.stop()
-        network, self._network = self._network, None
-        if network is not None:
-            with contextlib.suppress(Exception):
-                network.remove()
+        super().stop()
         self._url = None
 
 

@@ -17,7 +17,8 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, ClassVar
 
-from .emulator import Emulator, EmulatorError, LocalProcessEmulator, free_port, require_free_port
+from ._container import DOCKER_EXTRA_HINT, ContainerEmulator, ContainerSpec
+from .emulator import EmulatorError, LocalProcessEmulator, free_port, require_free_port
 
 __all__ = ["DOCKER", "LOCAL", "LocalStackSqs", "MotoSqs", "SqsQueues", "sqs_client"]
 
@@ -130,16 +131,17 @@ class MotoSqs(LocalProcessEmulator):
         )
 
 
-class LocalStackSqs(Emulator):
+class LocalStackSqs(ContainerEmulator):
     """LocalStack's image (SQS only) via testcontainers (``acklane-integration[docker]``)."""
 
     broker: ClassVar[str] = "sqs"
-    backend: ClassVar[str] = "docker"
+    title: ClassVar[str] = "the LocalStack SQS emulator"
+    startup_timeout: float = 90.0
 
     def __init__(self, *, image: str = LOCALSTACK_IMAGE, region: str = DEFAULT_REGION) -> None:
+        super().__init__()
         self.image = image
         self.region = region
-        self._container: Any = None
         self._endpoint: str | None = None
 
     @property
@@ -156,40 +158,28 @@ class LocalStackSqs(Emulator):
             "aws_secret_access_key": DUMMY_SECRET_ACCESS_KEY,
         }
 
-    def start(self) -> None:
-        if self._container is not None:
-            return
+    def _run(self) -> None:
         try:
             from testcontainers.localstack import LocalStackContainer
         except ImportError as exc:
-            raise EmulatorError(
-                'the docker backend needs testcontainers: pip install "acklane-integration[docker]"'
-            ) from exc
+            raise EmulatorError(DOCKER_EXTRA_HINT) from exc
         container = LocalStackContainer(image=self.image, region_name=self.region).with_services(
             "sqs"
         )
         try:
-            container.start()
+            self._start(ContainerSpec(self.image), container)
         except Exception as exc:
             raise EmulatorError(f"LocalStack ({self.image}) did not start: {exc}") from exc
-        self._container = container
         self._endpoint = str(container.get_url())
-        try:
-            self.wait_healthy()
-        except BaseException:
-            self.stop()
-            raise
 
     def wait_healthy(self, timeout: float = 90.0) -> None:
-        if self._container is None:
+        if not self.started:
             raise EmulatorError("the LocalStack SQS emulator is not started")
         _list_queues_until_healthy(self.client_settings(), timeout, lambda: True)
 
     def stop(self) -> None:
-        container, self._container = self._container, None
+        super().stop()
         self._endpoint = None
-        if container is not None:
-            container.stop()
 
 
 LOCAL = MotoSqs

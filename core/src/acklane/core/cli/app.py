@@ -112,9 +112,11 @@ from typer.core import TyperGroup  # noqa: E402
 
 from ..observe.logs import LogFormat, LogLevel, configure_logging, restore_logging  # noqa: E402
 from ..observe.redact import guard_std_streams, redact, redact_url  # noqa: E402
+from ._config import load as _load  # noqa: E402
+from ._console import console as _console  # noqa: E402
+from ._console import error as _error  # noqa: E402
 
 if TYPE_CHECKING:
-    from rich.console import Console
     from typer import _click
 
 # Start-up is part of every command (`acklane --version` is one import of this module and
@@ -159,14 +161,6 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,
     cls=_LazyGroup,
 )
-
-
-@cache
-def _console(stderr: bool = False) -> Console:
-    """The console of stdout (or of stderr: soft-wrapped), made when first written to."""
-    from rich.console import Console
-
-    return Console(stderr=True, soft_wrap=True) if stderr else Console()
 
 
 def __getattr__(name: str) -> Any:
@@ -215,18 +209,6 @@ def _setup_logging(own: LogLevel | None, default: LogLevel) -> None:
         _LogOptions.log_format,
         third_party=_LogOptions.third_party,
     )
-
-
-def _error(message: str, *, title: str | None = None) -> None:
-    """An error for a person, on stderr, secrets masked, never wrapped."""
-    from rich.text import Text
-
-    text = Text()
-    if title:
-        text.append(redact(title), style="red")
-        text.append("\n" if "\n" in message else ": ")
-    text.append(redact(message), style=None if title else "red")
-    _console(stderr=True).print(text)
 
 
 def _version_text() -> str:
@@ -313,25 +295,6 @@ def _main(
     ctx.with_resource(guard_std_streams())
     ctx.call_on_close(restore_logging)
     _setup_logging(None, LogLevel.WARNING)
-
-
-def _load(path: Path) -> AcklaneConfig:
-    """The configuration, or exit 2 with its problems; old names of settings are logged
-    (WARNING, in the log's format) rather than left to Python's warnings."""
-    from ..config import ConfigError, load_config
-
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)
-            cfg = load_config(path)
-    except ConfigError as exc:
-        _error(str(exc), title="invalid configuration")
-        raise typer.Exit(2) from None
-    for deprecation in cfg.deprecations:
-        log.warning("%s", deprecation)
-    for warning in cfg.warnings:  # once, as the file is loaded
-        log.warning("%s", warning)
-    return cfg
 
 
 def _problem_document(problem: ConfigProblem) -> dict[str, Any]:

@@ -16,18 +16,20 @@ types), ``_models`` (the pydantic models of the YAML sections), ``_result`` (the
 validated configuration), ``_yaml`` (YAML with line numbers), ``_substitution``
 (``${NAME}``), ``_messages`` (pydantic errors as sentences) and ``_parse``
 (:func:`load_config` and :func:`parse_config`; :func:`load_store_config` reads only
-the ``store`` and ``state`` sections), ``_imports`` (the user's modules, found beside
-the configuration without shadowing installed ones) and ``_show`` (the resolved
-configuration with its secrets masked). Import from here, not from them.
+the ``store`` and ``state`` sections) and ``_show`` (the resolved configuration with
+its secrets masked). Import from here, not from them. The user's modules, found beside
+the configuration without shadowing installed ones, are imported by
+:mod:`acklane.core._imports` (below the filters, sinks and stores that import them too;
+re-exported here).
 
-Loading registers the file's secrets with :mod:`acklane.core.observe.redact` (SecretStr
+Loading registers the file's secrets with :mod:`acklane.core.redact` (SecretStr
 fields, secret-like keys, URL passwords, ``${VAR}`` with secret-like names), and no
 :class:`ConfigError` message holds one.
 """
 
+from .._imports import add_import_roots, import_user_module
 from ..names import NAME_PATTERN
 from ._errors import ConfigError, ConfigProblem, Loc, format_path
-from ._imports import add_import_roots, import_user_module
 from ._models import (
     EngineSettings,
     MetricsSettings,

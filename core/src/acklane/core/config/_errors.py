@@ -1,33 +1,20 @@
 """ConfigProblem and ConfigError: every problem names the file, the line and the field.
 
-:class:`ConfigError` is defined with acklane's other root errors in
-:mod:`acklane.core.errors` and re-exported here.
+:class:`ConfigError` and the :class:`ConfigProblem` it carries are defined with
+acklane's other root errors in :mod:`acklane.core.errors` (which imports nothing of
+acklane's) and re-exported here, beside the field paths the parser writes them with.
 """
 
 from __future__ import annotations
 
 import json
-from typing import NamedTuple
 
-from ..errors import ConfigError
+from ..errors import ConfigError, ConfigProblem
 
 __all__ = ["ConfigError", "ConfigProblem", "Loc", "format_path"]
 
 #: A location in the document: mapping keys and list indexes, from the top.
 Loc = tuple[str | int, ...]
-
-
-class ConfigProblem(NamedTuple):
-    """One problem in a configuration: where (file, line, field path) and what."""
-
-    source: str
-    line: int | None
-    path: str
-    message: str
-
-    def __str__(self) -> str:
-        where = f"{self.source}:{self.line}" if self.line is not None else self.source
-        return f"{where}: {self.path}: {self.message}" if self.path else f"{where}: {self.message}"
 
 
 def format_path(loc: Loc) -> str:

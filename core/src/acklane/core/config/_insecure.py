@@ -20,7 +20,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any, Final
 from urllib.parse import urlsplit
 
-from ..observe.redact import is_secret_name
+from ..redact import is_secret_name
 from ..sinks.webhook import is_secret_header
 from ._errors import ConfigProblem, Loc, format_path
 from ._yaml import _Reader

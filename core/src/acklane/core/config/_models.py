@@ -7,25 +7,24 @@ from collections.abc import Iterator
 from typing import Annotated, Any, Final, Literal
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
-    SecretStr,
     ValidationInfo,
     field_validator,
 )
 
 from .._dbconf import DEFAULT_RETENTION, DEFAULT_URL, unsupported_url, url_parts
+from .._section import SectionModel
 from ..durations import Duration
 from ..names import NAME_PATTERN, NAME_RULE
-from ..observe.redact import redact_url
+from ..observe._tracing_settings import TracingSettings as TracingSettings
+from ..redact import redact_url
 
 _NAME_RE: Final = re.compile(NAME_PATTERN)
 _NAME_RULE: Final = NAME_RULE
 
 
-class _Settings(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+#: The base of each section's model (``tracing:``'s, defined in ``observe``, too).
+_Settings = SectionModel
 
 
 class EngineSettings(_Settings):
@@ -104,39 +103,6 @@ class MetricsSettings(_Settings):
     #: otherwise (a container whose probes and scrapes come from outside: ``0.0.0.0``).
     #: They are unauthenticated, and /readyz tells what the pipeline connects to.
     host: str = Field(default="127.0.0.1", min_length=1)
-
-
-class TracingSettings(_Settings):
-    """``tracing:``: OpenTelemetry spans of each message (docs/tracing.md).
-
-    A field left unset falls back to the standard ``OTEL_*`` variable, then to the
-    default; ``enabled`` unset means "on when ``OTEL_TRACES_EXPORTER`` names an exporter".
-    """
-
-    enabled: bool | None = None
-    exporter: Literal["otlp", "console"] | None = None
-    #: OTLP/HTTP URL of the collector (``/v1/traces`` added when it has no path).
-    endpoint: str | None = Field(default=None, min_length=1)
-    #: Headers of every export request (an API key, ``Authorization``): secrets.
-    headers: dict[str, SecretStr] = Field(default_factory=dict)
-    service_name: str | None = Field(default=None, min_length=1)
-    #: Share of new traces recorded (a message with a sampled traceparent follows it).
-    sample_ratio: float | None = Field(default=None, ge=0, le=1)
-
-    def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
-        for name, value in super().__repr_args__():
-            shown = redact_url(value) if name == "endpoint" and isinstance(value, str) else value
-            yield name, shown
-
-    @field_validator("endpoint")
-    @classmethod
-    def _http_url(cls, value: str | None) -> str | None:
-        if value is not None and not value.startswith(("http://", "https://")):
-            raise ValueError(
-                "expected an http:// or https:// URL of an OTLP/HTTP receiver, such as "
-                "http://localhost:4318"
-            )
-        return value
 
 
 class WatcherSettings(_Settings):

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
 from .._dbconf import is_sqlite_memory, offline_url_problem, sqlite_url_from
+from .._imports import HELD, add_import_roots, held_imports
 from ..connectors import (
     UnknownConnector,
     available_connectors,
@@ -27,7 +28,6 @@ from ..pipeline.filters import FilterSpec, FilterSpecError, compile_filter
 from ..sinks import KINDS, Sink, SinkContext, SinkSettings, UnknownSinkKind, sink_class
 from ..stores.settings import StateStoreSettings
 from ._errors import ConfigError, ConfigProblem, Loc
-from ._imports import HELD, add_import_roots, held_imports
 from ._insecure import insecure_settings
 from ._messages import _describe, _field_names, _got, _model_at
 from ._models import (
@@ -252,7 +252,7 @@ def load_config(
 
     Function filters (``function: mypipeline.filters:big_orders``) are imported from
     the configuration file's directory, then the working directory, after the
-    standard library and the installed packages (see ``_imports``); only once the
+    standard library and the installed packages (see ``acklane.core._imports``); only once the
     rest of the file is valid. ``offline_checks`` (``acklane validate``): see
     :func:`parse_config`.
     """

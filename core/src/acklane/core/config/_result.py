@@ -1,14 +1,16 @@
-"""The validated configuration the runner gets: frozen dataclasses, filters compiled."""
+"""The validated configuration the runner gets: frozen dataclasses, filters compiled.
+
+:class:`StreamConfig` is the connector kit's (``acklane.core.connectors._stream``),
+named here too: the sinks below the configuration read it.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel
-
-from ..connectors import Connector
+from ..connectors._stream import StreamConfig
 from ..names import DEFAULT_PIPELINE
 from ..pipeline.filters import CompiledFilter
 from ..sinks import SinkSettings
@@ -16,27 +18,7 @@ from ..stores.settings import StateStoreSettings
 from ._errors import ConfigProblem
 from ._models import EngineSettings, MetricsSettings, StoreSettings, TracingSettings
 
-
-@dataclass(frozen=True, slots=True)
-class StreamConfig:
-    """One named stream: its connector class and its validated block."""
-
-    name: str
-    connector_name: str
-    connector: type[Connector]
-    config: BaseModel
-    #: The block as written (variables substituted), without ``connector``: JSON-able,
-    #: what a watcher carries so that the connector can validate it again.
-    options: dict[str, Any] = field(repr=False)
-    line: int | None = None
-
-    @property
-    def key(self) -> tuple[Hashable, ...]:
-        """The shared stream key of every watcher on this stream."""
-        return ("acklane", self.connector_name, *self.connector.stream_key(self.config))
-
-    def describe(self) -> str:
-        return self.connector.describe(self.config)
+__all__ = ["AcklaneConfig", "StoreConfig", "StreamConfig", "WatcherConfig"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +47,7 @@ class AcklaneConfig:
     metrics: MetricsSettings
     streams: Mapping[str, StreamConfig]
     watchers: tuple[WatcherConfig, ...]
-    #: The secret values of the file (acklane.core.observe.redact's rule), masked in all output.
+    #: The secret values of the file (acklane.core.redact's rule), masked in all output.
     secrets: frozenset[str] = field(default=frozenset(), repr=False)
     #: ``sinks:`` by name, in the file's order (each its kind's settings model).
     sinks: Mapping[str, SinkSettings] = field(default_factory=dict)

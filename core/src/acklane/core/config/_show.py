@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..observe.redact import redact_structure
+from ..redact import redact_structure
 from ._result import AcklaneConfig
 
 
 def config_document(config: AcklaneConfig) -> dict[str, Any]:
     """Every section with its defaults filled in and variables substituted, as JSON-able
-    data; secrets (acklane.core.observe.redact's rule) are ``***``."""
+    data; secrets (acklane.core.redact's rule) are ``***``."""
     streams = {
         name: {"connector": stream.connector_name, **redact_structure(stream.config)}
         for name, stream in config.streams.items()

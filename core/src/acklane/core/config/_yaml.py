@@ -15,7 +15,7 @@ from typing import Any, Final
 
 import yaml
 
-from ..observe.redact import is_secret_name
+from ..redact import is_secret_name
 from ._errors import ConfigProblem, Loc, format_path
 from ._substitution import NULL_WORDS, is_one_reference, substitute
 
@@ -33,7 +33,7 @@ MAX_DEPTH: Final = 100
 MAX_VALUES: Final = 100_000
 
 
-class LimitExceeded(Exception):
+class _LimitExceeded(Exception):
     """The document goes past one of the limits; ``line`` is where, when known."""
 
     def __init__(self, message: str, line: int | None) -> None:
@@ -53,7 +53,7 @@ class _Loader(yaml.SafeLoader):
         try:
             if self._depth > MAX_DEPTH:
                 mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]
-                raise LimitExceeded(
+                raise _LimitExceeded(
                     f"nested more than {MAX_DEPTH} levels deep (the limit)", mark.line + 1
                 )
             return super().compose_node(parent, index)
@@ -155,7 +155,7 @@ class _Reader:
                 return self._build(node, ())
             finally:
                 self._loader.dispose()
-        except LimitExceeded as exc:
+        except _LimitExceeded as exc:
             self.problem((), exc.message, line=exc.line)
         except yaml.MarkedYAMLError as exc:
             self._syntax_problem(exc)
@@ -186,9 +186,9 @@ class _Reader:
     def _build(self, node: yaml.Node, loc: Loc) -> Any:
         self._values += 1
         if self._values > MAX_VALUES:
-            raise LimitExceeded(_too_many(), self._entry_line(loc))
+            raise _LimitExceeded(_too_many(), self._entry_line(loc))
         if len(loc) > MAX_DEPTH:  # aliases inside aliases nest deeper than the text
-            raise LimitExceeded(
+            raise _LimitExceeded(
                 f"nested more than {MAX_DEPTH} levels deep (the limit), aliases expanded",
                 self._entry_line(loc),
             )

@@ -12,7 +12,7 @@ from typing_extensions import TypeVar
 from ..producer import SharedStreamProducer
 
 if TYPE_CHECKING:
-    from ..observe.lag import BacklogProbe
+    from ._backlog import BacklogProbe
 from ._publish import Publisher, PublishNotSupported
 from ._stream_settings import deprecated_names
 from .dlq import DeadLetterReader, DeadLettersNotSupported

@@ -9,7 +9,7 @@ The reasons are free text from user code; unbounded, they could push a copy that
 was near the broker's size limit over it, and then the copy fails on every
 redelivery. They may also quote what must not leave the process (a filter's error
 naming a connection URL with its password, a token the configuration holds): the
-text is redacted as a log line is (:func:`acklane.core.observe.redact.redact`)
+text is redacted as a log line is (:func:`acklane.core.redact.redact`)
 before it is bounded. Every connector builds its reason text here, so the bound,
 the redaction and the default wording are the same everywhere.
 
@@ -28,8 +28,8 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from ..errors import AdvanceError, DeadLetterRefused
-from ..observe.redact import redact
 from ..producer import reject_reasons_of
+from ..redact import redact
 from ._actions import Action
 
 if TYPE_CHECKING:

@@ -27,7 +27,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from ..durations import format_duration
 from ..errors import AcklaneError
 from ..names import DEFAULT_PIPELINE, check_pipeline_name
-from ..observe.redact import redact_url
+from ..redact import redact_url
 from ..sql import (
     DEFAULT_URL,
     async_engine,

@@ -191,7 +191,7 @@ class SharedStreamManager:
         if group is None:
             group = self._start_group(key, trigger, trigger_id, settings)
         else:
-            _check_settings(group, trigger_id, settings)
+            _check_settings(group.key, group.founder, group.settings, trigger_id, settings)
         sub = group.attach(trigger_id, trigger, inline)
         sub.key = key
         self._register(sub_key, sub)
@@ -254,9 +254,9 @@ class SharedStreamManager:
     def _detach(self, sub_key: tuple[str, Hashable], sub: _Subscriber) -> _Group | None:
         """The subscriber leaves; the group it empties closes (returned, to wait for)."""
         self._unregister(sub_key, sub)
-        group = sub.group
-        group.detach(sub)
-        if not group.members and group.error is None and self._groups.get(group.key) is group:
+        sub.group.detach(sub)
+        group = self._groups.get(sub.group.key)
+        if group is sub.group and not group.members and group.error is None:
             del self._groups[group.key]
             group.close()
             self._closing.add(group)

@@ -6,15 +6,11 @@ with other settings would silently be served by the first one's poll.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import fields as dataclass_fields
 from dataclasses import is_dataclass
-from typing import TYPE_CHECKING
 
 from ..trigger import BaseEventTrigger
-
-if TYPE_CHECKING:
-    from ._group import _Group
 
 
 def _stream_settings(trigger: BaseEventTrigger) -> object:
@@ -23,17 +19,19 @@ def _stream_settings(trigger: BaseEventTrigger) -> object:
     return None if hook is None else hook()
 
 
-def _check_settings(group: _Group, trigger_id: str, settings: object) -> None:
-    """Refuse a trigger whose stream settings differ from those the group's producer uses."""
-    theirs = group.settings
+def _check_settings(
+    key: Hashable, founder: str, theirs: object, trigger_id: str, settings: object
+) -> None:
+    """Refuse a trigger whose stream settings differ from ``theirs``, those the producer
+    of the group of ``key`` uses (built from trigger ``founder``'s)."""
     if settings is None or theirs is None or settings == theirs:
         return
     what = _describe_difference(theirs, settings)
     # Field names only, never values: settings may hold credentials.
     raise ValueError(
-        f"trigger {trigger_id} reads the same upstream as trigger {group.founder} "
-        f"(key {group.key!r}) with {what}; they would share one poll with the settings of "
-        f"{group.founder}: make the settings identical or give the triggers different keys"
+        f"trigger {trigger_id} reads the same upstream as trigger {founder} "
+        f"(key {key!r}) with {what}; they would share one poll with the settings of "
+        f"{founder}: make the settings identical or give the triggers different keys"
     )
 
 

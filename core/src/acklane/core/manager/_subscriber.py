@@ -9,22 +9,65 @@ from __future__ import annotations
 import asyncio
 import sys
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Hashable
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..trigger import AIRFLOW_SHARED_STREAM, BaseEventTrigger, current_window
 from ._common import log
 from ._hooks import ACKED as ACKED_OUTCOME
 from ._hooks import FAILED as FAILED_OUTCOME
-from ._hooks import FIRED, Received, Verdict
+from ._hooks import FIRED, Hooks, Received, Verdict
 from ._hooks import REJECTED as REJECTED_OUTCOME
 from ._ledger import _UNASKED, ACKED, REJECTED, _Entry
 from ._types import _new_tuple
 
 if TYPE_CHECKING:
-    from ._members import _Members
     from ._types import InlineEmit, InlineEvaluate, InlineReady
+
+
+class SubscriberGroup(Protocol):
+    """What a subscriber, and the manager through it, use of the subscriber's group
+    (``_members._Members`` and its layers): all of it, so this module imports none."""
+
+    @property
+    def key(self) -> Hashable: ...
+    @property
+    def acking(self) -> bool: ...
+    @property
+    def frozen(self) -> bool: ...
+    @property
+    def hooks(self) -> Hooks: ...
+    @property
+    def room_for(self) -> _Subscriber | None: ...
+    @property
+    def low_water(self) -> int: ...
+    @property
+    def on_filtered(self) -> Callable[[Hashable, Received, Verdict], None] | None: ...
+
+    def resolve(self, entry: _Entry, kind: int, n: int = 1) -> None:
+        """``n`` snapshot members resolved ``entry``."""
+        ...
+
+    def wake_poll(self) -> None:
+        """The member a paused poll waits for has room again."""
+        ...
+
+    def detach(self, sub: _Subscriber) -> None:
+        """``sub`` leaves in order."""
+        ...
+
+    def filter_failed(self, sub: _Subscriber, exc: BaseException) -> None:
+        """``sub``'s filter raised on the event it is on."""
+        ...
+
+    def entry_message_id(self, entry: _Entry) -> str | None:
+        """``entry``'s message id, asked once."""
+        ...
+
+    def _event_id(self, entry: _Entry) -> str:
+        """``entry``'s name for a log line."""
+        ...
 
 
 class _Inline:
@@ -132,7 +175,7 @@ class _Subscriber:
         "waiter",
     )
 
-    def __init__(self, group: _Members, trigger_id: str, trigger: BaseEventTrigger) -> None:
+    def __init__(self, group: SubscriberGroup, trigger_id: str, trigger: BaseEventTrigger) -> None:
         self.group = group
         # the key object it subscribed with (equal to the group's): bind_event's check
         # that a window is this subscription's is then an identity test, no tuple compare

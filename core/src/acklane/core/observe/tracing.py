@@ -50,10 +50,10 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.trace import Span, SpanContext, Tracer
 
-    from ..config import TracingSettings
     from ..manager import BoundEvent
     from ..producer import AdvanceItem
     from ..sinks import Delivery, Sink
+    from ._tracing_settings import TracingSettings
 
 __all__ = [
     "EXPORTERS",

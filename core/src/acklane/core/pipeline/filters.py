@@ -630,7 +630,7 @@ def import_object(path: str) -> Any:
         module_name, _, attr_path = path.rpartition(".")
     if not module_name or not attr_path:
         raise ValueError(f"{path!r} is not an import path; write package.module:function")
-    from ..config import import_user_module  # config imports this module
+    from .._imports import import_user_module
 
     try:
         obj: Any = import_user_module(module_name)

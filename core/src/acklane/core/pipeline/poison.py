@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Final
 from ..connectors._stream_settings import DEFAULT_MAX_ATTEMPTS, MaxAttempts
 from ..connectors.deadletter import bounded_text
 from ..names import DEFAULT_PIPELINE
-from ..observe.redact import redact
+from ..redact import redact
 
 if TYPE_CHECKING:
     from .attempts import AttemptRecord, AttemptStore

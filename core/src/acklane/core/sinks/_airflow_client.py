@@ -10,7 +10,7 @@ Errors come out as the sink contract's outcomes: :class:`RetryableDelivery` (wit
 :class:`UnsureDelivery` when a request may have reached Airflow before it failed),
 :class:`CredentialsRefused` for a login or token Airflow does not take. Every reason
 passes through the client's ``scrub`` (the password and the token replaced by
-``***``, then :func:`acklane.core.observe.redact.redact`); a token obtained at run
+``***``, then :func:`acklane.core.redact.redact`); a token obtained at run
 time is registered there as a secret, so that an answer quoting it shows ``***``.
 
 Airflow's answers are untrusted input: redirects are not followed (a login sent on
@@ -32,7 +32,7 @@ from typing import Any, Final, Literal
 
 import aiohttp
 
-from ..observe.redact import redact_url, remember
+from ..redact import redact_url, remember
 from ._base import RetryableDelivery
 from ._http import parse_retry_after, read_up_to
 

@@ -19,14 +19,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Self
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Self
 
 from ..errors import AcklaneError
 from ._settings import SinkSettings
-from ._spans import NO_SPANS, SinkSpans, SpanSource
+from ._spans import NO_SPANS, SinkSpans
 
 if TYPE_CHECKING:
-    from ..config import StreamConfig
+    from ..connectors._stream import StreamConfig
 
 __all__ = [
     "Delivery",
@@ -153,6 +153,14 @@ class SinkContext:
     #: The folder of the configuration file (``module:function`` paths are found there
     #: too, as function filters are).
     config_dir: Path | None = None
+
+
+class SpanSource(Protocol):
+    """Where a sink's delivery spans come from (a tracer)."""
+
+    def sink_spans(self, sink: Sink, batch: Sequence[Delivery]) -> SinkSpans:
+        """The delivery spans of ``batch`` for ``sink``: a context manager."""
+        ...
 
 
 class Sink(ABC):

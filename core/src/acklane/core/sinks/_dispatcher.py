@@ -37,7 +37,7 @@ from time import monotonic as _monotonic
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from ..names import DEFAULT_PIPELINE
-from ..observe.redact import redact
+from ..redact import redact
 from ..sql import async_engine
 from ._base import Delivery, DeliveryResult, RefusedDelivery, Sink
 from ._outbox import Failure, LeaseLost, Outbox, SinkStatus, StoredWork, sink_status

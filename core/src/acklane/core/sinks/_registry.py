@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, Protocol
 
 from ._base import SinkError
 
 if TYPE_CHECKING:
-    from ..config import AcklaneConfig
+    from ..connectors._stream import StreamConfig
     from ._base import Sink
+    from ._settings import SinkSettings
 
 __all__ = ["KINDS", "UnknownSinkKind", "build_sinks", "sink_class"]
 
@@ -39,7 +41,34 @@ def sink_class(kind: str) -> type[Sink]:
     return cls
 
 
-def build_sinks(config: AcklaneConfig) -> list[tuple[Sink, tuple[str, ...]]]:
+class _Watcher(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def asset(self) -> str | None: ...
+    @property
+    def sinks(self) -> tuple[str, ...]: ...
+
+
+class SinksConfig(Protocol):
+    """What :func:`build_sinks` reads of an :class:`~acklane.core.config.AcklaneConfig`.
+
+    Named by its shape, not imported: the configuration sits above the sinks in core's
+    layers (docs/architecture.md), so the sinks cannot import it.
+    """
+
+    @property
+    def source(self) -> str: ...
+    @property
+    def sinks(self) -> Mapping[str, SinkSettings]: ...
+    @property
+    def streams(self) -> Mapping[str, StreamConfig]: ...
+    @property
+    def watchers(self) -> tuple[_Watcher, ...]: ...
+    def sink_watchers(self, sink: str) -> tuple[str, ...]: ...
+
+
+def build_sinks(config: SinksConfig) -> list[tuple[Sink, tuple[str, ...]]]:
     """The configuration's sinks that some watcher names, each with those watchers (a
     sink no watcher names delivers nothing and is left out)."""
     from ._base import SinkContext

@@ -2,7 +2,8 @@
 
 The sink layer knows only this shape; the spans themselves come from whoever runs the
 sink (the runner, ``acklane sinks run``), which hands each sink its tracer
-(:attr:`~acklane.core.sinks.Sink.spans_from`, an ``observe.tracing.MessageTracer``).
+(:attr:`~acklane.core.sinks.Sink.spans_from`: a ``SpanSource``, such as
+``observe.tracing.MessageTracer``).
 No process global: a sink without one records nothing.
 """
 
@@ -11,10 +12,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Final, Protocol
-
-if TYPE_CHECKING:
-    from ._base import Delivery, Sink
+from typing import Final
 
 _EMPTY: Mapping[str, str] = {}
 
@@ -48,11 +46,3 @@ class SinkSpans:
 
 #: The spans of a sink without a tracer: nothing.
 NO_SPANS: Final = SinkSpans()
-
-
-class SpanSource(Protocol):
-    """Where a sink's delivery spans come from (a tracer)."""
-
-    def sink_spans(self, sink: Sink, batch: Sequence[Delivery]) -> SinkSpans:
-        """The delivery spans of ``batch`` for ``sink``: a context manager."""
-        ...

@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, SecretStr, field_validator, model_validator
 
 from ..durations import Duration
-from ..observe.redact import MASK, MIN_LENGTH, redact
+from ..redact import MASK, MIN_LENGTH, redact
 from ._airflow_client import (
     AirflowClient,
     AssetRef,

@@ -37,7 +37,7 @@ from ..connectors import OutgoingMessage, PublishError, PublishNotSupported
 from ..durations import Duration
 from ..errors import BrokerAuthError
 from ..names import NAME_PATTERN
-from ..observe.redact import redact
+from ..redact import redact
 from ._base import (
     Delivery,
     DeliveryError,
@@ -53,8 +53,8 @@ from ._settings import SinkSettings
 from ._spans import SinkSpans
 
 if TYPE_CHECKING:
-    from ..config import StreamConfig
     from ..connectors import Publisher
+    from ..connectors._stream import StreamConfig
 
 __all__ = [
     "EVENT_ID_ATTRIBUTE",

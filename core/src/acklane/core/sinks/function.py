@@ -29,8 +29,8 @@ from typing import Annotated, Any, Final, Literal, Self
 from pydantic import Field, model_validator
 
 from ..durations import Duration
-from ..observe.redact import redact
 from ..pipeline.filters import import_object
+from ..redact import redact
 from ._base import (
     Delivery,
     DeliveryError,
@@ -88,7 +88,7 @@ def _is_async(fn: Callable[..., Any]) -> bool:
 def _resolve(path: str, config_dir: Path | None) -> tuple[SinkFunction | None, str | None]:
     """The callable at ``path``, or why not (one line naming ``function``)."""
     if config_dir is not None and str(config_dir) not in sys.path:
-        from ..config import add_import_roots
+        from .._imports import add_import_roots
 
         add_import_roots(config_dir)
     try:

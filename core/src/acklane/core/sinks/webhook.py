@@ -41,7 +41,7 @@ from pydantic import BeforeValidator, ConfigDict, Field, SecretStr, field_valida
 
 from ..durations import Duration, format_duration
 from ..errors import AcklaneError
-from ..observe.redact import MASK, MIN_LENGTH, is_secret_name, redact, redact_url, remember
+from ..redact import MASK, MIN_LENGTH, is_secret_name, redact, redact_url, remember
 from ._base import (
     Delivery,
     DeliveryError,
@@ -124,7 +124,7 @@ def is_secret_header(name: str) -> bool:
     ``session`` anywhere in it (``Authorization``, ``X-Auth-Token``, ``Set-Cookie``), a
     word ``key...`` or ``sig...`` (``X-Api-Key``, ``Ocp-Apim-Subscription-Key``,
     ``X-Hub-Signature``), or what
-    :func:`~acklane.core.observe.redact.is_secret_name` calls secret (``token``,
+    :func:`~acklane.core.redact.is_secret_name` calls secret (``token``,
     ``secret``, ``pass``...)."""
     return bool(_SECRET_HEADER_WORDS.search(name)) or is_secret_name(name)
 
@@ -540,7 +540,7 @@ class WebhookSink(Sink):
 def _secrets_of(settings: WebhookSinkSettings, url: yarl.URL) -> tuple[str, ...]:
     """The sink's secret values, longest first: the HMAC key, the secret headers' values
     (and a ``Bearer <token>``'s token alone), the URL's password and its secret-named
-    query parameters; those shorter than :data:`~acklane.core.observe.redact.MIN_LENGTH`
+    query parameters; those shorter than :data:`~acklane.core.redact.MIN_LENGTH`
     are left out, as the registry leaves them out of free text (where they would mask
     ordinary words)."""
     found: set[str] = set()

@@ -52,7 +52,7 @@ def open_backend(
                 f"state.backend {settings.backend!r}: expected an import path 'module:Class'"
             )
         try:
-            from ..config import import_user_module
+            from .._imports import import_user_module
 
             cls = getattr(import_user_module(module_name), attr)
         except (ImportError, AttributeError) as exc:

@@ -23,8 +23,11 @@ from collections.abc import Iterable, Mapping
 from datetime import timedelta
 from typing import Any, ClassVar
 
-from ..emulator import Emulator, EmulatorError, LocalProcessEmulator, free_port, require_free_port
-from ._server import INSPECT_STATS, RELAXED_ENV, PubSubServer, PubSubState, ServerThread
+from .._container import ContainerEmulator, ContainerSpec
+from ..emulator import EmulatorError, LocalProcessEmulator, free_port, require_free_port
+from ._server import INSPECT_STATS, PubSubServer
+from ._state import PubSubState
+from ._thread import RELAXED_ENV, ServerThread
 
 __all__ = [
     "DEFAULT_PROJECT",
@@ -182,7 +185,16 @@ class PubSubEmulator(LocalProcessEmulator):
         )
 
 
-class GooglePubSubEmulator(Emulator):
+def google_emulator_spec(image: str, project: str) -> ContainerSpec:
+    """Google's emulator serving ``project`` on the container's port 8085."""
+    return ContainerSpec(
+        image,
+        command=f"gcloud beta emulators pubsub start --project={project} --host-port=0.0.0.0:8085",
+        exposed_ports=(8085,),
+    )
+
+
+class GooglePubSubEmulator(ContainerEmulator):
     """Google's emulator (``gcloud beta emulators pubsub start``) via testcontainers.
 
     It has no relaxed mode: ``relaxed`` is accepted and ignored, so tests that need
@@ -190,7 +202,7 @@ class GooglePubSubEmulator(Emulator):
     """
 
     broker: ClassVar[str] = "pubsub"
-    backend: ClassVar[str] = "docker"
+    title: ClassVar[str] = "Google's Pub/Sub emulator"
 
     def __init__(
         self,
@@ -199,9 +211,9 @@ class GooglePubSubEmulator(Emulator):
         project: str = DEFAULT_PROJECT,
         relaxed: bool | None = None,
     ) -> None:
+        super().__init__()
         self.image = image
         self.project = project
-        self._container: Any = None
         self._endpoint: str | None = None
 
     @property
@@ -213,48 +225,26 @@ class GooglePubSubEmulator(Emulator):
     def client_settings(self) -> dict[str, Any]:
         return {"project": self.project, "emulator_host": self.endpoint}
 
-    def start(self) -> None:
-        if self._container is not None:
-            return
+    def _run(self) -> None:
         try:
-            from testcontainers.core.container import DockerContainer
-        except ImportError as exc:
-            raise EmulatorError(
-                'the docker backend needs testcontainers: pip install "acklane-integration[docker]"'
-            ) from exc
-        container = (
-            DockerContainer(self.image)
-            .with_command(
-                f"gcloud beta emulators pubsub start --project={self.project} "
-                "--host-port=0.0.0.0:8085"
-            )
-            .with_exposed_ports(8085)
-        )
-        try:
-            container.start()
+            container = self._start(google_emulator_spec(self.image, self.project))
             host = container.get_container_host_ip()
             self._endpoint = f"{host}:{container.get_exposed_port(8085)}"
+        except EmulatorError:
+            raise
         except Exception as exc:
             raise EmulatorError(
                 f"Google's Pub/Sub emulator ({self.image}) did not start: {exc}"
             ) from exc
-        self._container = container
-        try:
-            self.wait_healthy()
-        except BaseException:
-            self.stop()
-            raise
 
     def wait_healthy(self, timeout: float = 120.0) -> None:
-        if self._container is None:
+        if not self.started:
             raise EmulatorError("Google's Pub/Sub emulator is not started")
         _wait_until_answers(self.endpoint, timeout, lambda: True)
 
     def stop(self) -> None:
-        container, self._container = self._container, None
+        super().stop()
         self._endpoint = None
-        if container is not None:
-            container.stop()
 
 
 LOCAL = PubSubEmulator

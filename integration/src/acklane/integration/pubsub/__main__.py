@@ -8,7 +8,9 @@ import contextlib
 import logging
 import signal
 
-from ._server import PubSubServer, PubSubState, relaxed_from_env
+from ._server import PubSubServer
+from ._state import PubSubState
+from ._thread import relaxed_from_env
 
 
 async def _serve(host: str, port: int, relaxed: bool) -> None:

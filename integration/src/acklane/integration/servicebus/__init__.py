@@ -12,7 +12,8 @@ from ._launcher import (
     ServiceBusKit,
     connection_string,
 )
-from ._server import DEFAULT_KEY, DEFAULT_KEY_NAME, ServiceBusServer, verify_sas_token
+from ._sas import DEFAULT_KEY, DEFAULT_KEY_NAME, verify_sas_token
+from ._server import ServiceBusServer
 
 LOCAL = ServiceBusEmulator
 DOCKER = MicrosoftServiceBusEmulator

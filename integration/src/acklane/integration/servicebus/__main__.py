@@ -7,7 +7,8 @@ import logging
 import os
 
 from ._config import EmulatorConfig
-from ._server import DEFAULT_KEY, DEFAULT_KEY_NAME, serve
+from ._sas import DEFAULT_KEY, DEFAULT_KEY_NAME
+from ._serve import serve
 
 
 def main(argv: list[str] | None = None) -> None:

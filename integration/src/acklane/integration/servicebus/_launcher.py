@@ -7,7 +7,6 @@ Edge companion through testcontainers (``acklane-integration[docker]``).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import subprocess
 import sys
@@ -21,15 +20,15 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, ClassVar
 
+from .._container import ContainerEmulator, ContainerSpec
 from ..emulator import (
-    Emulator,
     EmulatorError,
     LocalProcessEmulator,
     free_port,
     require_free_port,
     wait_for_port,
 )
-from ._server import DEFAULT_KEY, DEFAULT_KEY_NAME
+from ._sas import DEFAULT_KEY, DEFAULT_KEY_NAME
 
 __all__ = [
     "MicrosoftServiceBusEmulator",
@@ -40,6 +39,8 @@ __all__ = [
 
 MICROSOFT_IMAGE = "mcr.microsoft.com/azure-messaging/servicebus-emulator:latest"
 SQL_EDGE_IMAGE = "mcr.microsoft.com/azure-sql-edge:latest"
+#: Where Microsoft's emulator reads the entities it serves.
+MICROSOFT_CONFIG_PATH = "/ServiceBus_Emulator/ConfigFiles/Config.json"
 
 
 def connection_string(host: str, port: int, key: str = DEFAULT_KEY) -> str:
@@ -199,17 +200,33 @@ class ServiceBusEmulator(LocalProcessEmulator):
         self._admin("POST", "/faults", {"entity": path, "settlements": times})
 
 
-class MicrosoftServiceBusEmulator(Emulator):
+def microsoft_specs(password: str, config: str | Path | None) -> tuple[ContainerSpec, ...]:
+    """SQL Edge (named ``sqledge`` on their network), then the emulator beside it."""
+    sql = ContainerSpec(
+        SQL_EDGE_IMAGE,
+        env={"ACCEPT_EULA": "Y", "MSSQL_SA_PASSWORD": password},
+        aliases=("sqledge",),
+    )
+    volumes = () if config is None else ((str(config), MICROSOFT_CONFIG_PATH),)
+    bus = ContainerSpec(
+        MICROSOFT_IMAGE,
+        env={"ACCEPT_EULA": "Y", "SQL_SERVER": "sqledge", "MSSQL_SA_PASSWORD": password},
+        exposed_ports=(5672,),
+        volumes=volumes,
+    )
+    return sql, bus
+
+
+class MicrosoftServiceBusEmulator(ContainerEmulator):
     """Microsoft's emulator image and its SQL Edge companion (untested here: needs Docker)."""
 
     broker: ClassVar[str] = "servicebus"
-    backend: ClassVar[str] = "docker"
+    title: ClassVar[str] = "the Service Bus emulator"
 
     def __init__(self, *, config: str | Path | None = None, key: str = DEFAULT_KEY) -> None:
+        super().__init__()
         self.config = config
         self.key = key
-        self._network: Any = None
-        self._containers: list[Any] = []
         self._port: int | None = None
 
     @property
@@ -222,53 +239,15 @@ class MicrosoftServiceBusEmulator(Emulator):
         assert self._port is not None
         return {"connection_string": connection_string("127.0.0.1", self._port, self.key)}
 
-    def start(self) -> None:
-        try:
-            from testcontainers.core.container import DockerContainer
-            from testcontainers.core.network import Network
-        except ImportError as exc:
-            raise EmulatorError(
-                'the docker backend needs testcontainers: pip install "acklane-integration[docker]"'
-            ) from exc
+    def _run(self) -> None:
         password = f"Acklane-{uuid.uuid4().hex[:12]}!"
-        self._network = Network().__enter__()
-        sql = (
-            DockerContainer(SQL_EDGE_IMAGE)
-            .with_env("ACCEPT_EULA", "Y")
-            .with_env("MSSQL_SA_PASSWORD", password)
-            .with_network(self._network)
-            .with_network_aliases("sqledge")
-        )
-        sql.start()
-        self._containers.append(sql)
-        bus = (
-            DockerContainer(MICROSOFT_IMAGE)
-            .with_env("ACCEPT_EULA", "Y")
-            .with_env("SQL_SERVER", "sqledge")
-            .with_env("MSSQL_SA_PASSWORD", password)
-            .with_network(self._network)
-            .with_exposed_ports(5672)
-        )
-        if self.config is not None:
-            bus = bus.with_volume_mapping(
-                str(self.config), "/ServiceBus_Emulator/ConfigFiles/Config.json"
-            )
-        bus.start()
-        self._containers.append(bus)
-        self._port = int(bus.get_exposed_port(5672))
-        self.wait_healthy()
+        self._join_network()
+        sql, bus = microsoft_specs(password, self.config)
+        self._start(sql)
+        self._port = int(self._start(bus).get_exposed_port(5672))
 
     def wait_healthy(self, timeout: float = 120.0) -> None:
         wait_for_port("127.0.0.1", self._port or 0, timeout)
-
-    def stop(self) -> None:
-        for container in reversed(self._containers):
-            with contextlib.suppress(Exception):
-                container.stop()
-        self._containers.clear()
-        if self._network is not None:
-            self._network.__exit__(None, None, None)
-            self._network = None
 
 
 class ServiceBusKit:

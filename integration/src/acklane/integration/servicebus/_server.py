@@ -17,84 +17,62 @@ SDK's out-of-order delivery ids (docs/emulators.md).
 What it does not: TLS, duplicate detection, forwarding, partitions, transactions,
 persistence (a restart empties it); a Config.json asking for one of these is refused.
 
-A small HTTP admin endpoint (``--admin-port``) creates, deletes and counts entities
-for tests: the AMQP side follows the reactor, the admin side queues commands to it.
+A small HTTP admin endpoint (``--admin-port``, :mod:`._serve`) creates, deletes and
+counts entities for tests: the AMQP side follows the reactor, the admin side queues
+commands to it (:meth:`ServiceBusServer.call`). Here, the links and their
+deliveries; the rest by concept: SAS tokens (:mod:`._sas`), ``$management``
+(:mod:`._management`), the AMQP encodings (:mod:`._codec`).
 """
 
 from __future__ import annotations
 
-import base64
 import functools
-import hashlib
-import hmac
-import json
 import logging
-import os
 import queue
-import threading
 import time
-import urllib.parse
 import uuid
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import proton
 from proton import (
-    Array,
     Condition,
-    Data,
     Delivery,
     Described,
     Endpoint,
     Handler,
     Terminus,
     symbol,
-    timestamp,
     ulong,
 )
 from proton.reactor import Container
 
-from ..emulator import free_port
 from ._broker import Broker, Entity, Lock, SessionState, Stored, decode_message
+from ._codec import (
+    _DOTNET_EPOCH_TICKS,
+    _path_of,
+    _text,
+    split_batch,
+)
 from ._config import EmulatorConfig, EntityProperties
-from ._rules import Rule, RuleError
-from ._sequencer import FrameSequencer
+from ._management import _REFUSED, _REFUSED_CONDITION, Management
+from ._rules import Rule
+from ._sas import DEFAULT_KEY, DEFAULT_KEY_NAME, verify_sas_token
 
 # proton's annotations are narrower than what it accepts (binary delivery tags, mutable
 # message sections): its links and messages are handled as Any here.
 Link: Any = proton.Link
 Message: Any = proton.Message
 
-__all__ = ["DEFAULT_KEY", "DEFAULT_KEY_NAME", "ServiceBusServer", "serve"]
+__all__ = ["ServiceBusServer"]
 
 log = logging.getLogger("acklane.integration.servicebus")
 
-DEFAULT_KEY_NAME = "RootManageSharedAccessKey"
-DEFAULT_KEY = "SAS_KEY_VALUE"
 _TICK = 0.05
-#: Set to 0 to serve proton directly, without the frame sequencer in front of it.
-SEQUENCER_ENV = "ACKLANE_SERVICEBUS_SEQUENCER"
 _SESSION_FILTER = symbol("com.microsoft:session-filter")
 _LOCKED_UNTIL_UTC = symbol("com.microsoft:locked-until-utc")
 _TIMEOUT = symbol("com.microsoft:timeout")
-_DOTNET_EPOCH_TICKS = 621355968000000000
-_DATA_SECTION = 0x75
-_SECTION_PREFIX = b"\x00\x53"
 _DEFAULT_SESSION_WAIT = 65.0
-#: list-sessions' "no filter" value of last-updated-time: the year 10000, in seconds.
-_LIST_SESSIONS_SENTINEL_S = 253402300800.0
-
-
-#: The error a refused settlement is answered with (not retried by the SDK).
-_REFUSED_CONDITION = "com.microsoft:argument-error"
-_REFUSED = "settlement refused: the emulator was told to refuse it (POST /faults)"
-
-
-class _MgmtError(Exception):
-    def __init__(self, status: int, condition: str, description: str) -> None:
-        super().__init__(description)
-        self.status, self.condition, self.description = status, condition, description
 
 
 def _send_failure(condition: str, description: str) -> Condition:
@@ -103,130 +81,6 @@ def _send_failure(condition: str, description: str) -> Condition:
     return Condition(
         condition, description, {symbol("com.microsoft:tracking-id"): str(uuid.uuid4())}
     )
-
-
-def _plain_description(rule: Rule) -> dict[str, Any]:
-    """A rule's description as AMQP-encodable strings and maps."""
-    description = dict(rule.description or {})
-    out: dict[str, Any] = {}
-    kind = description.get("filter", {}).get("type", "true")
-    if kind == "sql":
-        out["sql-filter"] = {"expression": description["filter"]["expression"]}
-    elif kind == "correlation":
-        out["correlation-filter"] = {
-            k: v for k, v in description["filter"].items() if k != "type" and v is not None
-        }
-    else:
-        out[f"{kind}-filter"] = {}
-    if "action" in description:
-        out["sql-rule-action"] = {"expression": description["action"]}
-    return out
-
-
-def _lock_lost(description: str = "The lock supplied is invalid.") -> _MgmtError:
-    return _MgmtError(410, "com.microsoft:message-lock-lost", description)
-
-
-def _path_of(address: str | None) -> str:
-    if not address:
-        return ""
-    if "://" in address:
-        return urllib.parse.urlparse(address).path.strip("/")
-    return address.strip("/")
-
-
-def _values(value: Any) -> list[Any]:
-    if value is None:
-        return []
-    if isinstance(value, Array):
-        return list(value.elements)
-    if isinstance(value, list | tuple):
-        return list(value)
-    return [value]
-
-
-def _uuid(value: Any) -> uuid.UUID:
-    if isinstance(value, uuid.UUID):
-        return value
-    if isinstance(value, bytes | bytearray | memoryview):
-        return uuid.UUID(bytes_le=bytes(value))
-    return uuid.UUID(str(value))
-
-
-def _text(value: Any) -> str:
-    if isinstance(value, bytes | bytearray | memoryview):
-        return bytes(value).decode("utf-8", errors="replace")
-    return "" if value is None else str(value)
-
-
-def _ms(seconds: float) -> timestamp:
-    return timestamp(int(seconds * 1000))
-
-
-def split_batch(raw: bytes) -> list[bytes] | None:
-    """The encoded messages of a batch (a message whose data sections are messages), else None."""
-    parts: list[bytes] = []
-    sections = 0
-    offset = 0
-    while offset < len(raw):
-        data = Data()
-        try:
-            used = data.decode(raw[offset:])
-        except Exception:
-            return None
-        offset += used
-        data.rewind()
-        if data.next() != Data.DESCRIBED:
-            return None
-        data.enter()
-        data.next()
-        # only the descriptor is read: a section's value may be one proton cannot turn
-        # into Python objects (see decode_message)
-        descriptor = int(data.get_ulong()) if data.type() == Data.ULONG else -1
-        sections += 1
-        if descriptor == _DATA_SECTION:
-            data.next()
-            if data.type() != Data.BINARY:
-                return None
-            body = bytes(data.get_binary())
-            if not body.startswith(_SECTION_PREFIX):
-                return None
-            parts.append(body)
-        elif descriptor in (0x74, 0x77, 0x76):  # application properties or a non-data body
-            return None
-    if not parts:
-        return None
-    for part in parts:
-        try:
-            decode_message(part)
-        except Exception:
-            return None
-    return parts
-
-
-def verify_sas_token(token: str, key_name: str, key: str, now: float | None = None) -> str | None:
-    """None when the token is signed with ``key`` and not expired, else why not."""
-    if not token.startswith("SharedAccessSignature "):
-        return "not a SharedAccessSignature token"
-    fields: dict[str, str] = {}
-    for part in token[len("SharedAccessSignature ") :].split("&"):
-        name, _, value = part.partition("=")
-        fields[name] = value
-    try:
-        resource, expiry = fields["sr"], fields["se"]
-        signature = urllib.parse.unquote_plus(fields["sig"])
-    except KeyError:
-        return "incomplete token"
-    if fields.get("skn") != key_name:
-        return f"unknown key name {fields.get('skn')!r}"
-    expected = base64.b64encode(
-        hmac.new(key.encode(), f"{resource}\n{expiry}".encode(), hashlib.sha256).digest()
-    ).decode()
-    if not hmac.compare_digest(expected, signature):
-        return "invalid signature"
-    if int(expiry) < (now or time.time()):
-        return "token expired"
-    return None
 
 
 def _guarded(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -275,6 +129,7 @@ class ServiceBusServer(Handler):
         self.key_name, self.key = key_name, key
         self.broker = Broker(config.namespace)
         self.broker.on_ready = self._pump
+        self._mgmt = Management(self.broker, self._pump, self._refused, self._release_session)
         for name, props in config.queues.items():
             self.broker.create_queue(name, props)
         for topic in config.topics.values():
@@ -736,241 +591,10 @@ class ServiceBusServer(Handler):
     # -------------------------------------------------------------- management
 
     def _management(self, info: _LinkInfo, request: Any) -> Any:
-        operation = _text((request.properties or {}).get("operation"))
-        body = request.body if isinstance(request.body, dict) else {}
-        reply = Message()
-        try:
-            if not self._authorized_conn_for(info):
-                raise _MgmtError(401, "amqp:unauthorized-access", "put a token on $cbs first")
-            value = self._operate(operation, info.path, body)
-        except _MgmtError as exc:
-            reply.properties = {
-                "statusCode": exc.status,
-                "statusDescription": exc.description,
-                "errorCondition": symbol(exc.condition),
-            }
-            return reply
-        status = 200
-        if value is None:
-            status, value = 204, None
-        reply.properties = {"statusCode": status, "statusDescription": "OK"}
-        reply.body = value
-        return reply
+        return self._mgmt.answer(info.path, request, authorized=self._authorized_conn_for(info))
 
     def _authorized_conn_for(self, info: _LinkInfo) -> bool:
         return True  # the request link itself was attached by an authorised connection
-
-    def _entity(self, path: str) -> Entity:
-        entity = self.broker.resolve(path)
-        if entity is None:
-            raise _MgmtError(
-                404, "amqp:not-found", f"The messaging entity '{path}' could not be found."
-            )
-        return entity
-
-    def _locks(self, entity: Entity, tokens: list[Any]) -> list[Lock]:
-        locks = []
-        for raw in tokens:
-            lock = entity.locks.get(_uuid(raw))
-            if lock is None:
-                raise _lock_lost()
-            locks.append(lock)
-        return locks
-
-    def _operate(self, operation: str, path: str, body: dict[Any, Any]) -> Any:
-        now = time.time()
-        op = operation.removeprefix("com.microsoft:")
-        if op == "renew-lock":
-            entity = self._entity(path)
-            locks = self._locks(entity, _values(body.get("lock-tokens")))
-            for lock in locks:
-                lock.until = now + entity.props.lock_duration
-            return {
-                "expirations": Array(Data.NULL, Data.TIMESTAMP, *[_ms(lk.until) for lk in locks])
-            }
-        if op == "update-disposition":
-            entity = self._entity(path)
-            status = str(body.get("disposition-status", ""))
-            outcome = {
-                "completed": "complete",
-                "abandoned": "abandon",
-                "defered": "defer",
-                "suspended": "dead-letter",
-            }.get(status)
-            if outcome is None:
-                raise _MgmtError(400, "com.microsoft:argument-error", f"unknown status {status!r}")
-            if self._refused(entity):
-                raise _MgmtError(400, _REFUSED_CONDITION, _REFUSED)
-            for lock in self._locks(entity, _values(body.get("lock-tokens"))):
-                reason = body.get("deadletter-reason")
-                description = body.get("deadletter-description")
-                entity.settle(
-                    lock,
-                    outcome,
-                    reason=None if reason is None else str(reason),
-                    description=None if description is None else str(description),
-                )
-            self._pump(entity)
-            return {}
-        if op == "peek-message":
-            entity = self._entity(path)
-            start = int(body.get("from-sequence-number", 0))
-            count = int(body.get("message-count", 1))
-            session = body.get("session-id")
-            found = [
-                {"message": s.encode(state=entity.state_of(s))}
-                for s in entity.peekable()
-                if s.seq >= start and (session is None or s.session == str(session))
-            ][:count]
-            return {"messages": found} if found else None
-        if op == "receive-by-sequence-number":
-            entity = self._entity(path)
-            mode = int(body.get("receiver-settle-mode", 1))
-            out: list[dict[str, Any]] = []
-            for seq in _values(body.get("sequence-numbers")):
-                stored = entity.messages.get(int(seq))
-                if stored is None or not stored.deferred:
-                    raise _MgmtError(
-                        404, "com.microsoft:message-not-found", f"no deferred message {seq}"
-                    )
-                if mode == 0:
-                    entity.messages.pop(stored.seq, None)
-                    out.append({"message": stored.encode()})
-                else:
-                    lock = entity.lock(stored, now + entity.props.lock_duration)
-                    locked: dict[str, Any] = {"message": stored.encode(lock.until, state=1)}
-                    locked["lock-token"] = lock.token
-                    out.append(locked)
-            return {"messages": out}
-        if op == "schedule-message":
-            if not self.broker.is_send_target(path):
-                raise _MgmtError(404, "amqp:not-found", f"no entity {path!r}")
-            seqs = []
-            for item in _values(body.get("messages")):
-                message = decode_message(bytes(item["message"]))
-                seqs.append(self.broker.enqueue(path, message, scheduled=True))
-            return {"sequence-numbers": Array(Data.NULL, Data.LONG, *seqs)}
-        if op == "cancel-scheduled-message":
-            if not self.broker.is_send_target(path):
-                raise _MgmtError(404, "amqp:not-found", f"no entity {path!r}")
-            self.broker.cancel_scheduled(
-                path, [int(s) for s in _values(body.get("sequence-numbers"))]
-            )
-            return {}
-        if op in ("renew-session-lock", "get-session-state", "set-session-state"):
-            entity = self._entity(path)
-            state = entity.sessions.get(str(body.get("session-id")))
-            if state is None or state.owner is None:
-                raise _MgmtError(
-                    410, "com.microsoft:session-lock-lost", "The session lock was lost."
-                )
-            if op == "renew-session-lock":
-                state.until = now + entity.props.lock_duration
-                for lock in entity.locks.values():
-                    if lock.session is state:
-                        lock.until = state.until
-                return {"expiration": _ms(state.until)}
-            if op == "get-session-state":
-                return {"session-state": state.state}
-            raw = body.get("session-state")
-            state.state = None if raw is None else bytes(raw)
-            state.state_updated = now
-            return {}
-        if op == "get-message-sessions":
-            return self._list_sessions(self._entity(path), body)
-        if op in ("add-rule", "remove-rule", "enumerate-rules"):
-            return self._rules_operation(op, self._entity(path), body)
-        raise _MgmtError(400, "amqp:not-implemented", f"operation {operation!r} is not supported")
-
-    @staticmethod
-    def _rules_operation(op: str, entity: Entity, body: dict[Any, Any]) -> Any:
-        """Rule management over ``$management`` (a subscription's rules).
-
-        ``add-rule``: ``rule-name`` and ``rule-description`` with one of ``sql-filter``
-        (``expression``), ``correlation-filter`` (its properties; ``properties`` for
-        application properties), ``true-filter`` or ``false-filter``, and optionally
-        ``sql-rule-action`` (``expression``). ``remove-rule``: ``rule-name``.
-        ``enumerate-rules`` (``skip``, ``top``): ``{"rules": [{"rule-description":
-        {...}}]}``, each with its ``rule-name``.
-        """
-        if entity.rules is None:
-            raise _MgmtError(
-                400, "com.microsoft:argument-error", f"'{entity.path}' is not a subscription"
-            )
-        if op == "enumerate-rules":
-            skip = int(body.get("skip", 0) or 0)
-            top = int(body.get("top", 100) or 100)
-            listed = [
-                {"rule-description": {"rule-name": r.name, **_plain_description(r)}}
-                for r in list(entity.rules.values())[skip : skip + top]
-            ]
-            return {"rules": listed} if listed else None
-        name = _text(body.get("rule-name"))
-        if not name:
-            raise _MgmtError(400, "com.microsoft:argument-error", "a rule-name is required")
-        if op == "remove-rule":
-            if name not in entity.rules:
-                raise _MgmtError(
-                    404, "com.microsoft:message-not-found", f"The rule '{name}' was not found."
-                )
-            del entity.rules[name]
-            return {}
-        if name in entity.rules:
-            raise _MgmtError(
-                409, "com.microsoft:entity-already-exists", f"The rule '{name}' already exists."
-            )
-        description = body.get("rule-description") or {}
-        spec: dict[str, Any] = {"name": name}
-        if "sql-filter" in description:
-            spec["sql"] = _text((description["sql-filter"] or {}).get("expression"))
-        elif "correlation-filter" in description:
-            correlation = {
-                _text(k): (
-                    {_text(pk): pv for pk, pv in v.items()} if isinstance(v, dict) else _text(v)
-                )
-                for k, v in (description["correlation-filter"] or {}).items()
-            }
-            spec["correlation"] = {k.replace("-", ""): v for k, v in correlation.items()}
-        elif "false-filter" in description:
-            spec["filter_type"] = "false"
-        else:
-            spec["filter_type"] = "true"
-        action = description.get("sql-rule-action")
-        if action:
-            spec["action"] = _text((action or {}).get("expression"))
-        try:
-            entity.rules[name] = Rule.from_json(spec)
-        except RuleError as exc:
-            raise _MgmtError(400, "com.microsoft:argument-error", str(exc)) from None
-        return {}
-
-    @staticmethod
-    def _list_sessions(entity: Entity, body: dict[Any, Any]) -> Any:
-        """The session ids with active messages or a stored state, as the service lists
-        them; with a real ``last-updated-time`` (not the SDK's year-10000 sentinel),
-        those whose state was set after it."""
-        if not entity.sessionful:
-            raise _MgmtError(
-                400, "com.microsoft:argument-error", f"entity '{entity.path}' has no sessions"
-            )
-        since = body.get("last-updated-time")
-        since_s = float(since) / 1000 if since is not None else None
-        if since_s is not None and since_s >= _LIST_SESSIONS_SENTINEL_S:
-            since_s = None
-        ids: set[str] = set()
-        if since_s is None:
-            ids.update(s.session for s in entity.messages.values() if s.session is not None)
-            ids.update(n for n, st in entity.sessions.items() if st.state is not None)
-        else:
-            ids.update(n for n, st in entity.sessions.items() if st.state_updated > since_s)
-        skip = int(body.get("skip", 0) or 0)
-        top = int(body.get("top", 100) or 100)
-        page = sorted(ids)[skip : skip + top]
-        if not page:
-            return None  # 204 No Content: no session matches
-        return {"skip": skip + len(page), "sessions-ids": Array(Data.NULL, Data.STRING, *page)}
-
-    # -------------------------------------------------------------------- time
 
     def _tick(self) -> None:
         while True:
@@ -1085,81 +709,3 @@ class ServiceBusServer(Handler):
 for _name, _callback in list(vars(ServiceBusServer).items()):
     if _name.startswith("on_") and callable(_callback):
         setattr(ServiceBusServer, _name, _guarded(_callback))
-
-
-class _Admin(BaseHTTPRequestHandler):
-    server_handler: ServiceBusServer
-
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug(format, *args)
-
-    def _answer(self, status: int, payload: Any) -> None:
-        data = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def _run(self, command: Callable[[], Any]) -> None:
-        try:
-            result = self.server_handler.call(command)
-        except KeyError as exc:
-            self._answer(404, {"error": f"not found: {exc}"})
-        except Exception as exc:
-            self._answer(400, {"error": str(exc)})
-        else:
-            self._answer(200, result if result is not None else {})
-
-    def do_GET(self) -> None:
-        path = urllib.parse.unquote(self.path)
-        if path == "/health":
-            self._run(lambda: {"namespace": self.server_handler.broker.namespace})
-        elif path.startswith("/entities/"):
-            name = path[len("/entities/") :]
-            self._run(lambda: self.server_handler.counts(name))
-        else:
-            self._answer(404, {"error": "unknown path"})
-
-    def do_POST(self) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
-        spec = json.loads(self.rfile.read(length) or b"{}")
-        if urllib.parse.unquote(self.path) == "/faults":
-            entity, times = str(spec.get("entity", "")), int(spec.get("settlements", 1))
-            self._run(lambda: self.server_handler.refuse_settlements(entity, times))
-        else:
-            self._run(lambda: self.server_handler.create(spec))
-
-    def do_DELETE(self) -> None:
-        name = urllib.parse.unquote(self.path)[len("/entities/") :]
-        self._run(lambda: self.server_handler.delete(name))
-
-
-def serve(
-    config: EmulatorConfig,
-    *,
-    host: str = "127.0.0.1",
-    port: int = 5672,
-    admin_port: int | None = None,
-    key_name: str = DEFAULT_KEY_NAME,
-    key: str = DEFAULT_KEY,
-) -> None:
-    """Run the emulator until the process ends.
-
-    Clients connect to ``port``, where the frame sequencer listens (see
-    ``_sequencer``); proton serves on a loopback port of its own behind it.
-    """
-    if os.environ.get(SEQUENCER_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
-        handler = ServiceBusServer(config, host=host, port=port, key_name=key_name, key=key)
-    else:
-        engine_port = free_port()
-        sequencer = FrameSequencer(host, port, ("127.0.0.1", engine_port))
-        handler = ServiceBusServer(
-            config, host="127.0.0.1", port=engine_port, key_name=key_name, key=key
-        )
-        sequencer.start()
-    if admin_port is not None:
-        admin_class = type("Admin", (_Admin,), {"server_handler": handler})
-        httpd = ThreadingHTTPServer((host, admin_port), admin_class)
-        threading.Thread(target=httpd.serve_forever, name="admin", daemon=True).start()
-    Container(handler).run()

@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING, Any, ClassVar, cast
 from pydantic import BaseModel, SecretStr, ValidationError
 
 from acklane.core.connectors import Connector, deprecated_names
-from acklane.core.observe.redact import is_secret_name
 from acklane.core.pipeline.filters import CompiledFilter, FilterSpecError, compile_filter
 from acklane.core.producer import AdvanceItem, AdvanceOutcome, SharedStreamProducer
 from acklane.core.producer import reject_reasons_of as _reasons_of
+from acklane.core.redact import is_secret_name
 from acklane.core.trigger import TriggerEvent, current_window
 from airflow.triggers.base import BaseEventTrigger
 from airflow.triggers.base import TriggerEvent as AirflowTriggerEvent

@@ -7,13 +7,10 @@ and is redelivered. See ``docs/connectors/kafka.md``.
 
 from ._config import KafkaConfig
 from ._connector import KafkaConnector
+from ._errors import KafkaAdvanceError, KafkaReceiveError
 from ._message import KafkaDelivery, KafkaMessage, message_id_of
-from ._producer import (
-    KafkaAdvanceError,
-    KafkaReceiveError,
-    KafkaStreamProducer,
-    KafkaStreamStats,
-)
+from ._producer import KafkaStreamProducer
+from ._stats import KafkaStreamStats
 from ._trigger import KafkaMessageTrigger
 
 __all__ = [

@@ -20,8 +20,8 @@ from confluent_kafka import KafkaError, KafkaException, TopicCollection
 from confluent_kafka.admin import AdminClient
 
 from ._config import KafkaConfig
+from ._errors import KafkaReceiveError
 from ._health import AUTH_CODES, QuietClientLog, auth_error
-from ._producer import KafkaReceiveError
 
 __all__ = ["check_connection", "offline_problems"]
 

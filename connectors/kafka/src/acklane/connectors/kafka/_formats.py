@@ -34,7 +34,7 @@ from typing import Any, ClassVar
 
 from acklane.core.errors import AcklaneError, ConnectorError
 from acklane.core.message import BodyDecodeError
-from acklane.core.observe.redact import redact_url
+from acklane.core.redact import redact_url
 
 from ._config import REGISTRY_FORMATS, KafkaConfig, SchemaRegistrySettings
 from ._message import _UNSET, KafkaMessage
