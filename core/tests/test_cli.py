@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from acklane.core.cli.app import _command_of, app
+from acklane.core.cli.app import app, command_of
 
 runner = CliRunner()
 
@@ -64,7 +64,7 @@ def test_shell_completion_is_offered() -> None:
 )
 def test_the_command_is_found_behind_global_options(argv: list[str], command: str | None) -> None:
     # `acklane --log-level DEBUG run` takes the signals over from the first line too
-    assert _command_of(argv) == command
+    assert command_of(argv) == command
 
 
 def test_events_and_store_read_only_the_store_section(

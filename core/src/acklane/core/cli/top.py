@@ -210,9 +210,9 @@ def _base_url(config: Path | None, url: str | None) -> str:
         return url.rstrip("/")
     if config is None:
         raise typer.BadParameter("give the pipeline's CONFIG (its metrics.port) or --url")
-    from .app import _load
+    from ._load import load
 
-    port = _load(config).metrics.port
+    port = load(config).metrics.port
     if port is None:
         raise typer.BadParameter(
             f"{config}: metrics.port is not set (the pipeline serves no metrics); "
