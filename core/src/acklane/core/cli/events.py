@@ -11,12 +11,11 @@ They never create a database. Messages mask secrets (acklane.core.observe.redact
 from __future__ import annotations
 
 import asyncio
-import importlib
 import json
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any
 
 import typer
 from rich import box
@@ -41,7 +40,9 @@ from ..events import (
 from ..names import DEFAULT_PIPELINE, check_pipeline_name
 from ..observe.redact import redact, redact_url
 from ..sql import DEFAULT_URL, async_engine
-from ._text import cell, shown
+from ._exit import FAILED, fail
+from ._load import load_store
+from ._text import shown
 
 __all__ = ["app", "store_problem"]
 
@@ -94,11 +95,6 @@ def display_url(url: str) -> str:
     return redact(redact_url(url))
 
 
-def _fail(message: str) -> NoReturn:
-    _err.print(cell(redact(f"error: {message}"), style="red", lines=True), soft_wrap=True)
-    raise typer.Exit(1)
-
-
 @dataclass(frozen=True, slots=True)
 class _Target:
     """What a command reads: the store, its settings (with --config), whose events."""
@@ -127,30 +123,8 @@ def _resolve_store(url: str | None, config: Path | None, pipeline: str | None = 
         except ValueError as exc:
             raise _CliError(f"--pipeline: {exc}") from None
         return _Target(url or DEFAULT_URL, None, chosen, {})
-    try:
-        module: Any = importlib.import_module("acklane.core.config")
-        # only the store section (older versions: the whole file)
-        load_config = getattr(module, "load_store_config", None) or module.load_config
-    except (ImportError, AttributeError) as exc:
-        raise _CliError(
-            f"--config needs acklane.core.config.load_config, which is not available "
-            f"({exc}); pass --url instead"
-        ) from None
-    try:
-        loaded = load_config(config)
-    except Exception as exc:
-        message = str(exc)
-        raise _CliError(message if str(config) in message else f"{config}: {message}") from None
-    try:
-        store_url = str(loaded.store.url)
-    except AttributeError:
-        raise _CliError(f"{config}: the configuration has no store.url") from None
-    return _Target(
-        store_url,
-        loaded.store,
-        str(getattr(loaded, "pipeline", DEFAULT_PIPELINE)),
-        dict(getattr(loaded, "watcher_streams", {})),
-    )
+    loaded = load_store(config, code=FAILED)
+    return _Target(loaded.store.url, loaded.store, loaded.pipeline, dict(loaded.watcher_streams))
 
 
 def _check_url(url: str) -> None:
@@ -285,7 +259,7 @@ def _run(
         _check_url(target.url)
         asyncio.run(main(target))
     except _CliError as exc:
-        _fail(str(exc))
+        fail(str(exc), FAILED)
     except KeyboardInterrupt:  # Ctrl-C: stop quietly
         raise typer.Exit(0) from None
 
@@ -406,7 +380,7 @@ def prune_events(
             )
         )
     except _CliError as exc:
-        _fail(str(exc))
+        fail(str(exc), FAILED)
     except KeyboardInterrupt:  # Ctrl-C: what was committed stays deleted
         raise typer.Exit(130) from None
 

@@ -24,6 +24,8 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
+from ._exit import USAGE, fail
+from ._load import read
 from ._text import cell
 
 if TYPE_CHECKING:
@@ -32,7 +34,6 @@ if TYPE_CHECKING:
 __all__ = ["junit_report", "run_tests"]
 
 _out = Console(highlight=False, soft_wrap=True)
-_err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 class ReportFormat(StrEnum):
@@ -80,37 +81,28 @@ def run_tests(
     passed, 1 when one failed, 2 for problems in the files.
     """
     import asyncio
-    import warnings
 
-    from ..config import ConfigError, load_config
+    from ..config import ConfigError
     from ..pipeline.cases import case_files, load_cases
     from ..pipeline.harness import run_cases
 
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)
-            cfg = load_config(config)
+        cfg = read(config)
         paths = list(files) if files else case_files(config)
         if not paths:
             stem = config.name.rsplit(".", 1)[0]
-            _err.print(
-                Text(
-                    f"no test cases for {config}: write {config.with_name(stem + '.tests.yaml')} "
-                    f"(or files in {config.with_name(stem + '.tests')}/), or name case files",
-                    style="red",
-                )
+            fail(
+                f"no test cases for {config}: write {config.with_name(stem + '.tests.yaml')} "
+                f"(or files in {config.with_name(stem + '.tests')}/), or name case files",
+                USAGE,
             )
-            raise typer.Exit(2)
         cases = load_cases(paths, cfg)
     except ConfigError as exc:
-        _err.print(Text("invalid configuration or test cases", style="bold red"))
-        _err.print(cell(exc, lines=True))
-        raise typer.Exit(2) from None
+        fail(str(exc), USAGE, title="invalid configuration or test cases")
     if select:
         cases = [c for c in cases if select in c.name]
     if not cases:
-        _err.print(Text(f"no test case matches -k {select!r}", style="red"))
-        raise typer.Exit(2)
+        fail(f"no test case matches -k {select!r}", USAGE)
     started = time.monotonic()
     if output is ReportFormat.TEXT:
         _out.print(Text(f"acklane test: {config}: {len(cases)} case(s)", style="bold"))

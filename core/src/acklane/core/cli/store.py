@@ -25,7 +25,7 @@ import typer
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
-from ..observe.redact import redact, redact_url
+from ..observe.redact import redact_url
 from ..stores import (
     NEVER_EXPIRE,
     AssetStore,
@@ -40,6 +40,8 @@ from ..stores import (
     open_backend,
     validate_key,
 )
+from ._exit import FAILED, USAGE, fail
+from ._load import load_store
 
 __all__ = ["app"]
 
@@ -82,11 +84,6 @@ CreateOpt = Annotated[
 ]
 
 
-def _fail(message: str, code: int = 2) -> NoReturn:
-    typer.echo(redact(f"error: {message}"), err=True)
-    raise typer.Exit(code)
-
-
 def _check_sqlite_file(url: str, create: bool) -> None:
     """Refuse a SQLite file that does not exist (a typo), unless asked to create it."""
     try:
@@ -101,9 +98,10 @@ def _check_sqlite_file(url: str, create: bool) -> None:
     if str(database).startswith("file:"):
         return  # a SQLite URI: its own rules
     if not Path(str(database)).exists():
-        _fail(
+        fail(
             f"no SQLite database at {database} (acklane run creates it; "
-            "`acklane store set --create` creates an empty one)"
+            "`acklane store set --create` creates an empty one)",
+            USAGE,
         )
 
 
@@ -112,14 +110,7 @@ def _emit(document: Any) -> None:
 
 
 def _load_settings(config: Path) -> tuple[str, StateStoreSettings]:
-    try:
-        from ..config import load_store_config
-    except ImportError as exc:
-        _fail(f"--config needs acklane.core.config, which cannot be imported ({exc}); use --url")
-    try:
-        loaded = load_store_config(config)
-    except ValueError as exc:  # ConfigError: names the file, the line and the field
-        _fail(str(exc))
+    loaded = load_store(config)
     return loaded.store.url, loaded.state
 
 
@@ -128,40 +119,43 @@ def _opened(
     config: Path | None, url: str | None, offload_dir: str | None, *, create: bool = False
 ) -> Iterator[StateBackend]:
     if config is not None and url is not None:
-        _fail("give --config or --url, not both")
+        fail("give --config or --url, not both", USAGE)
     if config is not None:
         if offload_dir is not None:
-            _fail("--offload-dir goes with --url; with --config it comes from state.offload_dir")
+            fail(
+                "--offload-dir goes with --url; with --config it comes from state.offload_dir",
+                USAGE,
+            )
         store_url, settings = _load_settings(config)
     elif url is not None:
         store_url, settings = url, StateStoreSettings(offload_dir=offload_dir)
     else:
-        _fail("name the store: --config PATH (the YAML's store.url) or --url URL")
+        fail("name the store: --config PATH (the YAML's store.url) or --url URL", USAGE)
     _check_sqlite_file(store_url, create)
     try:
         backend = open_backend(store_url, settings)
     except ValueError as exc:
-        _fail(str(exc))
+        fail(str(exc), USAGE)
     try:
         yield backend
     except (StateStoreError, ValueError, TypeError) as exc:
-        _fail(str(exc))
+        fail(str(exc), USAGE)
     except SQLAlchemyError as exc:
-        _fail(f"store {redact_url(store_url)!r}: {getattr(exc, 'orig', None) or exc}")
+        fail(f"store {redact_url(store_url)!r}: {getattr(exc, 'orig', None) or exc}", USAGE)
     finally:
         backend.close()
 
 
 def _accessor(backend: StateBackend, task: str | None, asset: str | None) -> TaskStore | AssetStore:
     if (task is None) == (asset is None):
-        _fail("name one scope: --task DAG/RUN/TASK[/MAP] or --asset NAME")
+        fail("name one scope: --task DAG/RUN/TASK[/MAP] or --asset NAME", USAGE)
     try:
         if task is not None:
             return TaskStore(TaskScope.parse(task), backend=backend)
         assert asset is not None
         return AssetStore(asset, backend=backend, writer="api")
     except (ValueError, TypeError) as exc:
-        _fail(str(exc))
+        fail(str(exc), USAGE)
 
 
 def _parse_json(text: str, what: str) -> JsonValue:
@@ -171,7 +165,7 @@ def _parse_json(text: str, what: str) -> JsonValue:
     try:
         value: JsonValue = json.loads(text, parse_constant=refuse_constant)
     except ValueError as exc:
-        _fail(f"{what} is not JSON text: {exc}")
+        fail(f"{what} is not JSON text: {exc}", USAGE)
     return value
 
 
@@ -186,8 +180,9 @@ def _parse_retention(text: str | None) -> Retention:
         return NEVER_EXPIRE
     match = _DURATION.match(text)
     if match is None:
-        _fail(
-            f"--retention {text!r}: expected 'never' or a duration such as 3600, 90s, 15m, 12h, 7d"
+        fail(
+            f"--retention {text!r}: expected 'never' or a duration such as 3600, 90s, 15m, 12h, 7d",
+            USAGE,
         )
     return timedelta(seconds=float(match.group(1)) * _UNIT[match.group(2)])
 
@@ -234,7 +229,7 @@ def get_command(
     elif fallback is not None:
         _emit(fallback)
     else:
-        _fail(f"key {key!r} not found in {store.backend!r} scope {_scope_name(task, asset)}", 1)
+        fail(f"key {key!r} not found in {store.backend!r} scope {_scope_name(task, asset)}", FAILED)
 
 
 def _scope_name(task: str | None, asset: str | None) -> str:
@@ -264,7 +259,10 @@ def set_command(
     text = sys.stdin.read() if value == "-" else value
     parsed = _parse_json(text, "VALUE")
     if retention is not None and asset is not None:
-        _fail("--retention applies to the task store only; asset keys live until the asset goes")
+        fail(
+            "--retention applies to the task store only; asset keys live until the asset goes",
+            USAGE,
+        )
     keep = _parse_retention(retention)
     with _opened(config, url, offload_dir, create=create) as backend:
         store = _accessor(backend, task, asset)
