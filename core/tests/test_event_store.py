@@ -913,15 +913,13 @@ def test_cli_reads_the_store_url_from_the_config(sqlite_url: str, tmp_path: Path
     _fill(sqlite_url, [rec(1)])
     config = tmp_path / "acklane.yaml"
     config.write_text(f'store: {{url: "{sqlite_url}"}}\n')
-    result = runner.invoke(events_cli, ["list", "--config", str(config), "--json"])
+    result = runner.invoke(events_cli, ["list", str(config), "--json"])
     assert result.exit_code == 0, result.output
     assert len(result.stdout.splitlines()) == 1
 
 
 def test_cli_refuses_url_and_config_together(sqlite_url: str, tmp_path: Path) -> None:
-    result = runner.invoke(
-        events_cli, ["list", "--url", sqlite_url, "--config", str(tmp_path / "a.yaml")]
-    )
+    result = runner.invoke(events_cli, ["list", str(tmp_path / "a.yaml"), "--url", sqlite_url])
     assert result.exit_code == 1
     assert "not both" in result.output
 

@@ -350,7 +350,7 @@ async def test_the_events_and_sinks_commands_show_only_the_configurations_pipeli
         assert result.exit_code == 0, result.output
         return [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
 
-    listed = await asyncio.to_thread(invoke, "events", "list", "--config", str(path), "--json")
+    listed = await asyncio.to_thread(invoke, "events", "list", str(path), "--json")
     assert [(e["payload"], e["stream"]) for e in listed] == [({"from": "alpha"}, "orders")]
     by_url = await asyncio.to_thread(
         invoke, "events", "list", "--url", db, "--pipeline", "beta", "--json"

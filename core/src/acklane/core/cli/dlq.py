@@ -27,6 +27,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..observe.redact import redact
+from ._args import ConfigArg
 from ._exit import FAILED, USAGE, fail
 from ._load import load
 from ._text import cell, shown
@@ -58,7 +59,6 @@ class Format(StrEnum):
     JSON = "json"
 
 
-ConfigArg = Annotated[Path, typer.Argument(help="The pipeline's YAML configuration.")]
 StreamArg = Annotated[str, typer.Argument(help="The name of a stream of the configuration.")]
 ReasonOption = Annotated[
     str | None,

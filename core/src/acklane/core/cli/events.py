@@ -2,7 +2,7 @@
 
 ``list`` shows stored events; ``tail`` follows new ones as they are committed;
 ``prune`` deletes the old ones (retention). All read the store named by ``--url`` or
-by the ``store.url`` of ``--config`` (only the ``store`` section, ``pipeline:`` and the
+by the ``store.url`` of CONFIG (only the ``store`` section, ``pipeline:`` and the
 watchers' streams of that file are read: a broker's unset variables do not matter).
 They see one pipeline's events: the configuration's, or ``--pipeline`` with ``--url``.
 They never create a database. Messages mask secrets (acklane.core.observe.redact).
@@ -40,6 +40,7 @@ from ..events import (
 from ..names import DEFAULT_PIPELINE, check_pipeline_name
 from ..observe.redact import redact, redact_url
 from ..sql import DEFAULT_URL, async_engine
+from ._args import OldConfigOption, OptionalConfigArg, config_given
 from ._exit import FAILED, fail
 from ._load import load_store
 from ._text import shown
@@ -65,16 +66,12 @@ UrlOption = Annotated[
         show_default=False,
     ),
 ]
-ConfigOption = Annotated[
-    Path | None,
-    typer.Option("--config", help="An acklane YAML configuration; its store.url is used."),
-]
 PipelineOption = Annotated[
     str | None,
     typer.Option(
         "--pipeline",
         help=f"With --url: the pipeline whose events to read (default {DEFAULT_PIPELINE!r}); "
-        "--config reads its pipeline: field.",
+        "CONFIG names its pipeline: field.",
         show_default=False,
     ),
 ]
@@ -97,12 +94,12 @@ def display_url(url: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class _Target:
-    """What a command reads: the store, its settings (with --config), whose events."""
+    """What a command reads: the store, its settings (with CONFIG), whose events."""
 
     url: str
     settings: Any
     pipeline: str
-    #: watcher -> stream name (with --config), to show stream names
+    #: watcher -> stream name (with CONFIG), to show stream names
     streams: Mapping[str, str]
 
 
@@ -112,11 +109,11 @@ def resolve_url(url: str | None, config: Path | None) -> str:
 
 
 def _resolve_store(url: str | None, config: Path | None, pipeline: str | None = None) -> _Target:
-    """The store URL, pipeline and, with ``--config``, the file's ``store`` settings."""
+    """The store URL, pipeline and, with CONFIG, the file's ``store`` settings."""
     if url and config:
-        raise _CliError("give --url or --config, not both")
+        raise _CliError("give CONFIG or --url, not both")
     if config is not None and pipeline is not None:
-        raise _CliError("give --pipeline with --url; --config reads its pipeline: field")
+        raise _CliError("give --pipeline with --url; CONFIG names its pipeline: field")
     if config is None:
         try:
             chosen = check_pipeline_name(DEFAULT_PIPELINE if pipeline is None else pipeline)
@@ -266,8 +263,9 @@ def _run(
 
 @app.command("list")
 def list_events(
+    config: OptionalConfigArg = None,
     url: UrlOption = None,
-    config: ConfigOption = None,
+    old_config: OldConfigOption = None,
     trigger: TriggerOption = None,
     limit: Annotated[
         int, typer.Option("--limit", "-n", min=1, help="How many events at most.")
@@ -298,13 +296,14 @@ def list_events(
         if not as_json:
             _err.print(Text(f"{len(events)} of {total} event(s)", style="dim"))
 
-    _run(main, url, config, pipeline)
+    _run(main, url, config_given(config, old_config), pipeline)
 
 
 @app.command("tail")
 def tail_events(
+    config: OptionalConfigArg = None,
     url: UrlOption = None,
-    config: ConfigOption = None,
+    old_config: OldConfigOption = None,
     trigger: TriggerOption = None,
     lines: Annotated[
         int, typer.Option("--lines", "-n", min=0, help="Show the last N events first.")
@@ -335,19 +334,20 @@ def tail_events(
         finally:
             await engine.dispose()
 
-    _run(main, url, config, pipeline)
+    _run(main, url, config_given(config, old_config), pipeline)
 
 
 @app.command("prune")
 def prune_events(
+    config: OptionalConfigArg = None,
     url: UrlOption = None,
-    config: ConfigOption = None,
+    old_config: OldConfigOption = None,
     older_than: Annotated[
         str | None,
         typer.Option(
             "--older-than",
             help="Delete events created longer ago than this: seconds, or '12h', '7d', '2w'. "
-            "Default: the store.retention of --config, else "
+            "Default: the store.retention of CONFIG, else "
             f"{format_duration(DEFAULT_RETENTION)}.",
             show_default=False,
         ),
@@ -367,7 +367,7 @@ def prune_events(
     longer than the broker can redeliver (docs/event-store.md, Retention).
     """
     try:
-        target = _resolve_store(url, config, pipeline)
+        target = _resolve_store(url, config_given(config, old_config), pipeline)
         window = _prune_window(older_than, target.settings)
         _check_url(target.url)
         asyncio.run(

@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from ..observe.logs import LogLevel
+from ._args import ConfigArg
 from ._exit import FAILED
 from ._load import load
 from ._logging import LogLevelOption, setup_logging
 from ._signals import StartupSignals
-from .validate import ConfigArg
 
 if TYPE_CHECKING:
     from ..pipeline.runner import Runner

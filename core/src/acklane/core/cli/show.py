@@ -9,8 +9,8 @@ from typing import Annotated
 import typer
 
 from ..observe.redact import redact
+from ._args import ConfigArg
 from ._load import load
-from .validate import ConfigArg
 
 __all__ = ["ShowFormat", "config_app"]
 

@@ -13,7 +13,6 @@ import json
 from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -24,6 +23,7 @@ from rich.text import Text
 
 from ..durations import format_duration, parse_duration
 from ..observe.redact import redact
+from ._args import ConfigArg
 from ._exit import FAILED, USAGE, fail
 from ._load import load
 from ._text import cell
@@ -51,7 +51,6 @@ class Format(StrEnum):
     json = "json"
 
 
-ConfigArg = Annotated[Path, typer.Argument(help="The pipeline's YAML configuration.")]
 SinkArg = Annotated[str, typer.Argument(help="A sink's name (from the configuration's sinks:).")]
 FormatOption = Annotated[Format, typer.Option("--format", help="table (default) or json.")]
 

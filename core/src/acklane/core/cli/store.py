@@ -5,9 +5,9 @@ commands compose with ``jq`` and scripts. Errors go to stderr with exit code 2
 (1 for ``get`` of a missing key without ``--default``), secrets masked
 (acklane.core.observe.redact).
 
-``--config`` reads only the ``store`` and ``state`` sections of the file (a broker's
-unset variables do not matter). A SQLite file that does not exist is an error, not
-a new empty database, except for ``set --create``.
+CONFIG (the first argument, or ``--url``) is read for its ``store`` and ``state``
+sections only (a broker's unset variables do not matter). A SQLite file that does
+not exist is an error, not a new empty database, except for ``set --create``.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from ..stores import (
     open_backend,
     validate_key,
 )
+from ._args import OldConfigOption, OptionalConfigArg, config_given, split_config
 from ._exit import FAILED, USAGE, fail
 from ._load import load_store
 
@@ -52,13 +53,9 @@ app = typer.Typer(
     add_completion=False,
 )
 
-ConfigOpt = Annotated[
-    Path | None,
-    typer.Option("--config", "-c", help="acklane YAML file naming the store (store.url, state)."),
-]
 UrlOpt = Annotated[
     str | None,
-    typer.Option("--url", help="Database URL of the store, instead of --config."),
+    typer.Option("--url", help="Database URL of the store, instead of CONFIG."),
 ]
 OffloadOpt = Annotated[
     str | None,
@@ -72,7 +69,24 @@ AssetOpt = Annotated[
     str | None,
     typer.Option("--asset", "-a", metavar="NAME", help="An asset's store (its name or URI)."),
 ]
-KeyArg = Annotated[str, typer.Argument(help="The key.")]
+
+KeyWords = Annotated[
+    list[str] | None,
+    typer.Argument(
+        metavar="[CONFIG] KEY",
+        help="The YAML configuration naming the store (instead of --url), then the key.",
+        show_default=False,
+    ),
+]
+KeyValueWords = Annotated[
+    list[str] | None,
+    typer.Argument(
+        metavar="[CONFIG] KEY VALUE",
+        help="The YAML configuration naming the store (instead of --url), the key, and "
+        "JSON text (- reads it from stdin).",
+        show_default=False,
+    ),
+]
 
 
 CreateOpt = Annotated[
@@ -119,18 +133,18 @@ def _opened(
     config: Path | None, url: str | None, offload_dir: str | None, *, create: bool = False
 ) -> Iterator[StateBackend]:
     if config is not None and url is not None:
-        fail("give --config or --url, not both", USAGE)
+        fail("give CONFIG or --url, not both", USAGE)
     if config is not None:
         if offload_dir is not None:
             fail(
-                "--offload-dir goes with --url; with --config it comes from state.offload_dir",
+                "--offload-dir goes with --url; with CONFIG it comes from state.offload_dir",
                 USAGE,
             )
         store_url, settings = _load_settings(config)
     elif url is not None:
         store_url, settings = url, StateStoreSettings(offload_dir=offload_dir)
     else:
-        fail("name the store: --config PATH (the YAML's store.url) or --url URL", USAGE)
+        fail("name the store: CONFIG (the YAML's store.url) or --url URL", USAGE)
     _check_sqlite_file(store_url, create)
     try:
         backend = open_backend(store_url, settings)
@@ -208,18 +222,19 @@ def _entry_document(entry: StateEntry) -> dict[str, Any]:
 
 @app.command("get")
 def get_command(
-    key: KeyArg,
+    words: KeyWords = None,
     task: TaskOpt = None,
     asset: AssetOpt = None,
     default: Annotated[
         str | None,
         typer.Option("--default", help="JSON printed when the key is missing (exit 0)."),
     ] = None,
-    config: ConfigOpt = None,
+    old_config: OldConfigOption = None,
     url: UrlOpt = None,
     offload_dir: OffloadOpt = None,
 ) -> None:
     """Print KEY's value as JSON (exit 1 if missing, unless --default is given)."""
+    config, (key,) = split_config(words, ("KEY",), old_config)
     fallback = None if default is None else _parse_json(default, "--default")
     with _opened(config, url, offload_dir) as backend:
         store = _accessor(backend, task, asset)
@@ -238,8 +253,7 @@ def _scope_name(task: str | None, asset: str | None) -> str:
 
 @app.command("set")
 def set_command(
-    key: KeyArg,
-    value: Annotated[str, typer.Argument(help="JSON text, or - to read it from stdin.")],
+    words: KeyValueWords = None,
     task: TaskOpt = None,
     asset: AssetOpt = None,
     retention: Annotated[
@@ -250,12 +264,13 @@ def set_command(
             "default state.default_retention_days.",
         ),
     ] = None,
-    config: ConfigOpt = None,
+    old_config: OldConfigOption = None,
     url: UrlOpt = None,
     offload_dir: OffloadOpt = None,
     create: CreateOpt = False,
 ) -> None:
     """Set KEY to the JSON VALUE (an upsert)."""
+    config, (key, value) = split_config(words, ("KEY", "VALUE"), old_config)
     text = sys.stdin.read() if value == "-" else value
     parsed = _parse_json(text, "VALUE")
     if retention is not None and asset is not None:
@@ -276,14 +291,15 @@ def set_command(
 
 @app.command("delete")
 def delete_command(
-    key: KeyArg,
+    words: KeyWords = None,
     task: TaskOpt = None,
     asset: AssetOpt = None,
-    config: ConfigOpt = None,
+    old_config: OldConfigOption = None,
     url: UrlOpt = None,
     offload_dir: OffloadOpt = None,
 ) -> None:
     """Delete KEY (a missing key is not an error); print whether it existed."""
+    config, (key,) = split_config(words, ("KEY",), old_config)
     with _opened(config, url, offload_dir) as backend:
         store = _accessor(backend, task, asset)
         existed = backend.delete(store.scope, validate_key(key))
@@ -292,17 +308,18 @@ def delete_command(
 
 @app.command("list")
 def list_command(
+    config: OptionalConfigArg = None,
     task: TaskOpt = None,
     asset: AssetOpt = None,
     long: Annotated[
         bool, typer.Option("--long", "-l", help="Print entries with values and times.")
     ] = False,
-    config: ConfigOpt = None,
+    old_config: OldConfigOption = None,
     url: UrlOpt = None,
     offload_dir: OffloadOpt = None,
 ) -> None:
     """Print the live keys of a scope as a JSON array."""
-    with _opened(config, url, offload_dir) as backend:
+    with _opened(config_given(config, old_config), url, offload_dir) as backend:
         store = _accessor(backend, task, asset)
         if long:
             _emit([_entry_document(entry) for entry in store.entries()])
@@ -312,14 +329,15 @@ def list_command(
 
 @app.command("clear")
 def clear_command(
+    config: OptionalConfigArg = None,
     task: TaskOpt = None,
     asset: AssetOpt = None,
-    config: ConfigOpt = None,
+    old_config: OldConfigOption = None,
     url: UrlOpt = None,
     offload_dir: OffloadOpt = None,
 ) -> None:
     """Delete every key of a scope (a task scope: that map index only)."""
-    with _opened(config, url, offload_dir) as backend:
+    with _opened(config_given(config, old_config), url, offload_dir) as backend:
         store = _accessor(backend, task, asset)
         removed = backend.clear(store.scope)
     _emit({"cleared": removed})
@@ -327,15 +345,16 @@ def clear_command(
 
 @app.command("gc")
 def gc_command(
+    config: OptionalConfigArg = None,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Count what would be removed; remove nothing.")
     ] = False,
-    config: ConfigOpt = None,
+    old_config: OldConfigOption = None,
     url: UrlOpt = None,
     offload_dir: OffloadOpt = None,
 ) -> None:
     """Remove expired task keys and keys of deactivated assets, in batches."""
-    with _opened(config, url, offload_dir) as backend:
+    with _opened(config_given(config, old_config), url, offload_dir) as backend:
         report = backend.gc(dry_run=dry_run)
     _emit(report.to_dict())
 
@@ -343,12 +362,13 @@ def gc_command(
 @app.command("deactivate")
 def deactivate_command(
     asset: Annotated[str, typer.Option("--asset", "-a", metavar="NAME", help="The asset.")],
-    config: ConfigOpt = None,
+    config: OptionalConfigArg = None,
+    old_config: OldConfigOption = None,
     url: UrlOpt = None,
     offload_dir: OffloadOpt = None,
 ) -> None:
     """Mark an asset as gone: its keys vanish now, gc removes them, writes are refused."""
-    with _opened(config, url, offload_dir) as backend:
+    with _opened(config_given(config, old_config), url, offload_dir) as backend:
         backend.deactivate_asset(asset)
     _emit({"asset": asset, "active": False})
 
@@ -356,11 +376,12 @@ def deactivate_command(
 @app.command("activate")
 def activate_command(
     asset: Annotated[str, typer.Option("--asset", "-a", metavar="NAME", help="The asset.")],
-    config: ConfigOpt = None,
+    config: OptionalConfigArg = None,
+    old_config: OldConfigOption = None,
     url: UrlOpt = None,
     offload_dir: OffloadOpt = None,
 ) -> None:
     """Make a deactivated asset writable again, starting empty."""
-    with _opened(config, url, offload_dir) as backend:
+    with _opened(config_given(config, old_config), url, offload_dir) as backend:
         backend.activate_asset(asset)
     _emit({"asset": asset, "active": True})

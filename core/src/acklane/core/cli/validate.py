@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import json
 from enum import StrEnum
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from ..observe.redact import redact, redact_url
+from ._args import ConfigArg
 from ._exit import USAGE, error
 from ._load import INVALID, read
 
@@ -23,12 +23,10 @@ if TYPE_CHECKING:
     from ..config import AcklaneConfig, ConfigProblem
     from .checks import CheckResult
 
-__all__ = ["ConfigArg", "OutputFormat", "validate"]
+__all__ = ["OutputFormat", "validate"]
 
 #: A check of ``--connect`` failed (the file itself is valid).
 CONNECT_FAILED = 3
-
-ConfigArg = Annotated[Path, typer.Argument(help="The pipeline's YAML configuration.")]
 
 
 class OutputFormat(StrEnum):
