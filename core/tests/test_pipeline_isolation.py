@@ -32,7 +32,7 @@ from acklane.connectors.memory import MemoryBroker
 from acklane.core.cli.app import app
 from acklane.core.config import ConfigError, load_config, load_store_config, parse_config
 from acklane.core.events import EventRecord, EventStore
-from acklane.core.pipeline.attempts import AttemptStore
+from acklane.core.events.attempts import AttemptStore
 from acklane.core.pipeline.runner import Runner
 from acklane.core.sinks import sink_status
 from acklane.core.sinks._outbox import Failure, Outbox
@@ -506,7 +506,7 @@ async def test_a_store_of_the_previous_version_migrates_in_place_with_nothing_lo
 OPENER = r"""
 import asyncio, sys
 from acklane.core.events import EventRecord, EventStore
-from acklane.core.pipeline.attempts import AttemptStore
+from acklane.core.events.attempts import AttemptStore
 
 async def main(url, name):
     attempts = AttemptStore(url, pipeline=name)

@@ -2,9 +2,9 @@
 
 No broker and no store: each case's message goes through the configuration's
 compiled filters on the in-process memory broker, with the engine's reject and
-poison rules (:mod:`acklane.core.pipeline.harness`). The case files are those named,
+poison rules (:mod:`acklane.core.harness.run`). The case files are those named,
 or ``<config>.tests.yaml`` and ``<config>.tests/*.yaml`` beside the configuration
-(:mod:`acklane.core.pipeline.cases` has the format).
+(:mod:`acklane.core.harness.cases` has the format).
 
 Output as pytest's: one line per case, then each failure with its diff of expected
 and actual; ``--format junit`` writes a JUnit XML report on stdout instead, for CI.
@@ -29,7 +29,7 @@ from ._load import read
 from ._text import cell
 
 if TYPE_CHECKING:
-    from ..pipeline.cases import CaseResult
+    from ..harness.cases import CaseResult
 
 __all__ = ["junit_report", "run_tests"]
 
@@ -83,8 +83,8 @@ def run_tests(
     import asyncio
 
     from ..config import ConfigError
-    from ..pipeline.cases import case_files, load_cases
-    from ..pipeline.harness import run_cases
+    from ..harness.cases import case_files, load_cases
+    from ..harness.run import run_cases
 
     try:
         cfg = read(config)
@@ -117,7 +117,7 @@ def run_tests(
 
 
 def _text_report(results: list[CaseResult], seconds: float) -> None:
-    from ..pipeline.cases import describe_failure
+    from ..harness.cases import describe_failure
 
     for result in results:
         verdict = Text("PASSED", style="green") if result.passed else Text("FAILED", style="red")
@@ -140,7 +140,7 @@ def junit_report(results: list[CaseResult], seconds: float) -> str:
     """The results as JUnit XML: one testsuite per case file, one testcase per case."""
     import xml.etree.ElementTree as ET
 
-    from ..pipeline.cases import describe_failure
+    from ..harness.cases import describe_failure
 
     root = ET.Element("testsuites", name="acklane test", time=f"{seconds:.3f}")
     by_file: dict[str, list[CaseResult]] = {}
