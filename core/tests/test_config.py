@@ -213,9 +213,9 @@ def test_a_known_connector_that_is_not_installed_says_how_to_install_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # an extra acklane ships, but not installed here (whichever real ones are installed)
-    from acklane.core.config import _parse
+    from acklane.core.config import _streams
 
-    monkeypatch.setattr(_parse, "_KNOWN_EXTRAS", (*_parse._KNOWN_EXTRAS, "nosuchbroker"))
+    monkeypatch.setattr(_streams, "_KNOWN_EXTRAS", (*_streams._KNOWN_EXTRAS, "nosuchbroker"))
     path = write(tmp_path, VALID.replace("connector: memory", "connector: nosuchbroker"))
     assert 'pip install "acklane[nosuchbroker]"' in error(path)
 

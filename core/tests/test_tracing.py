@@ -435,9 +435,9 @@ async def test_the_function_sink_calls_the_function_in_its_delivery_span(
 def test_tracing_on_without_the_extra_is_a_problem_at_its_line(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from acklane.core.config import _parse
+    from acklane.core.config import _checks
 
-    monkeypatch.setattr(_parse, "_tracing_installed", lambda: False)
+    monkeypatch.setattr(_checks, "_tracing_installed", lambda: False)
     text = textwrap.dedent(
         """\
         streams:

@@ -6,14 +6,7 @@ import re
 from collections.abc import Iterator
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    SecretStr,
-    ValidationInfo,
-    field_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator
 
 from .._dbconf import DEFAULT_RETENTION, DEFAULT_URL, unsupported_url, url_parts
 from ..durations import Duration
