@@ -71,7 +71,7 @@ AssetOpt = Annotated[
 ]
 
 KeyWords = Annotated[
-    list[str] | None,
+    list[str],
     typer.Argument(
         metavar="[CONFIG] KEY",
         help="The YAML configuration naming the store (instead of --url), then the key.",
@@ -79,7 +79,7 @@ KeyWords = Annotated[
     ),
 ]
 KeyValueWords = Annotated[
-    list[str] | None,
+    list[str],
     typer.Argument(
         metavar="[CONFIG] KEY VALUE",
         help="The YAML configuration naming the store (instead of --url), the key, and "
@@ -222,7 +222,7 @@ def _entry_document(entry: StateEntry) -> dict[str, Any]:
 
 @app.command("get")
 def get_command(
-    words: KeyWords = None,
+    words: KeyWords,
     task: TaskOpt = None,
     asset: AssetOpt = None,
     default: Annotated[
@@ -253,7 +253,7 @@ def _scope_name(task: str | None, asset: str | None) -> str:
 
 @app.command("set")
 def set_command(
-    words: KeyValueWords = None,
+    words: KeyValueWords,
     task: TaskOpt = None,
     asset: AssetOpt = None,
     retention: Annotated[
@@ -291,7 +291,7 @@ def set_command(
 
 @app.command("delete")
 def delete_command(
-    words: KeyWords = None,
+    words: KeyWords,
     task: TaskOpt = None,
     asset: AssetOpt = None,
     old_config: OldConfigOption = None,
