@@ -132,8 +132,8 @@ def main() -> None:
         print(f"  fastjsonschema  {fast_us:7.2f} us/body   x{fast_us / rs_us:.1f} (draft 7)")
 
     from acklane.core.config import load_config
-    from acklane.core.pipeline.cases import case_files, load_cases
-    from acklane.core.pipeline.harness import run_cases
+    from acklane.core.harness.cases import case_files, load_cases
+    from acklane.core.harness.run import run_cases
 
     config = load_config(ROOT / "examples" / "pipeline.yaml")
     cases = load_cases(case_files(config.source), config) * 20

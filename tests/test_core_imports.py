@@ -167,7 +167,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "acklane.core.manager",
             "acklane.core.events",
             "acklane.core.stores",
-            "acklane.core.pipeline.attempts",
+            "acklane.core.events.attempts",
         ),
     ),
     (
@@ -188,8 +188,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     (
         "test harness",
         (
-            "acklane.core.pipeline.cases",
-            "acklane.core.pipeline.harness",
+            "acklane.core.harness",
             "acklane.core.testing",
             "acklane.testing",
         ),

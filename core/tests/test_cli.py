@@ -3,6 +3,7 @@ commands that only read the store section of a configuration."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -13,9 +14,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-# _command_of: which command the signals are taken over for, before typer parses (no
-# public name says it)
-from acklane.core.cli.app import _command_of, app
+# command_of: which command the signals are taken over for, before typer parses
+from acklane.core.cli.app import app, command_of
+from acklane.core.events import EventStore
 
 runner = CliRunner()
 
@@ -66,24 +67,24 @@ def test_shell_completion_is_offered() -> None:
 )
 def test_the_command_is_found_behind_global_options(argv: list[str], command: str | None) -> None:
     # `acklane --log-level DEBUG run` takes the signals over from the first line too
-    assert _command_of(argv) == command
+    assert command_of(argv) == command
 
 
 def test_events_and_store_read_only_the_store_section(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The reviewer's case: ``AWS_SECRET is not set`` for ``events list --config sqs.yaml``."""
+    """The reviewer's case: ``AWS_SECRET is not set`` for ``events list sqs.yaml``."""
     monkeypatch.delenv("AWS_KEY_ID", raising=False)
     monkeypatch.delenv("AWS_SECRET", raising=False)
     db = tmp_path / "e.db"
     cfg = tmp_path / "sqs.yaml"
     cfg.write_text(SQS_PIPELINE.format(db=db))
-    created = runner.invoke(app, ["store", "set", "k", "1", "-a", "x", "-c", str(cfg), "--create"])
+    created = runner.invoke(app, ["store", "set", str(cfg), "k", "1", "-a", "x", "--create"])
     assert created.exit_code == 0, created.output
-    listed = runner.invoke(app, ["store", "list", "--asset", "x", "--config", str(cfg)])
+    listed = runner.invoke(app, ["store", "list", str(cfg), "--asset", "x"])
     assert listed.exit_code == 0, listed.output
     assert json.loads(listed.stdout) == ["k"]
-    events = runner.invoke(app, ["events", "list", "--config", str(cfg)])
+    events = runner.invoke(app, ["events", "list", str(cfg)])
     assert "AWS_SECRET" not in events.output
     assert "holds no event store" in events.output  # it got as far as the database
 
@@ -117,6 +118,58 @@ def test_store_set_creates_the_database_when_asked(tmp_path: Path) -> None:
     )
     assert made.exit_code == 0, made.output
     assert new.exists()
+
+
+async def _open_and_close(store: EventStore) -> None:
+    async with store:
+        pass
+
+
+def _store_pipeline(tmp_path: Path) -> Path:
+    cfg = tmp_path / "p.yaml"
+    cfg.write_text(f'store: {{url: "sqlite:///{tmp_path / "e.db"}"}}\n')
+    made = runner.invoke(app, ["store", "set", str(cfg), "k", "7", "-a", "a", "--create"])
+    assert made.exit_code == 0, made.output
+    asyncio.run(_open_and_close(EventStore(f"sqlite:///{tmp_path / 'e.db'}")))  # its table
+    return cfg
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["events", "list", "{cfg}"],
+        ["store", "list", "{cfg}", "-a", "a"],
+        ["store", "get", "{cfg}", "k", "-a", "a"],
+    ],
+)
+def test_the_configuration_is_the_first_argument_of_every_command(
+    tmp_path: Path, command: list[str]
+) -> None:
+    cfg = _store_pipeline(tmp_path)
+    result = runner.invoke(app, [word.format(cfg=cfg) for word in command])
+    assert result.exit_code == 0, result.output
+    assert "deprecated" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["events", "list"], ["store", "list", "-a", "a"], ["store", "get", "k", "-a", "a"]],
+)
+def test_the_old_config_option_still_works_with_a_one_line_note(
+    tmp_path: Path, command: list[str]
+) -> None:
+    cfg = _store_pipeline(tmp_path)
+    result = runner.invoke(app, [*command, "--config", str(cfg)])
+    assert result.exit_code == 0, result.output
+    notes = [line for line in result.stderr.splitlines() if "deprecated" in line]
+    assert len(notes) == 1 and f"{cfg}" in notes[0], result.stderr
+    both = runner.invoke(app, [*command[:2], str(cfg), *command[2:], "--config", str(cfg)])
+    assert both.exit_code == 2 and "give CONFIG once" in both.stderr
+
+
+def test_store_get_names_what_it_expected_for_a_wrong_count(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["store", "get", "a", "b", "c", "--url", "sqlite://"])
+    assert result.exit_code == 2 and "expected [CONFIG] KEY" in result.stderr
 
 
 BAD = """\

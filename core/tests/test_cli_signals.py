@@ -200,3 +200,20 @@ def test_a_second_signal_while_stopping_exits_at_once_without_a_traceback(
     assert proc.returncode == 128 + signal.SIGTERM, rest
     assert "Traceback" not in rest
     assert "Stopped at once by a second SIGTERM" in rest
+
+
+def test_importing_the_command_line_installs_no_signal_handler() -> None:
+    """Only the entry point takes the signals over: a program that imports the CLI
+    (with an argv that reads as `acklane run`) keeps its own dispositions."""
+    code = (
+        "import signal, sys\n"
+        "sys.argv = ['acklane', 'run', 'p.yaml']\n"
+        "import acklane.core.cli.app\n"
+        "from acklane.core.cli.app import app\n"
+        "print(signal.getsignal(signal.SIGTERM) is signal.SIG_DFL,"
+        " signal.getsignal(signal.SIGINT) is signal.default_int_handler)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.stdout.split() == ["True", "True"], done.stderr

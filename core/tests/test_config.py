@@ -214,9 +214,9 @@ def test_a_known_connector_that_is_not_installed_says_how_to_install_it(
 ) -> None:
     # an extra acklane ships, but not installed here (whichever real ones are installed)
     # a known extra that is not installed cannot be made otherwise: patch the list
-    from acklane.core.config import _parse
+    from acklane.core.config import _streams
 
-    monkeypatch.setattr(_parse, "_KNOWN_EXTRAS", (*_parse._KNOWN_EXTRAS, "nosuchbroker"))
+    monkeypatch.setattr(_streams, "_KNOWN_EXTRAS", (*_streams._KNOWN_EXTRAS, "nosuchbroker"))
     path = write(tmp_path, VALID.replace("connector: memory", "connector: nosuchbroker"))
     assert 'pip install "acklane[nosuchbroker]"' in error(path)
 

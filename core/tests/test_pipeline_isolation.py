@@ -32,7 +32,7 @@ from acklane.connectors.memory import MemoryBroker
 from acklane.core.cli.app import app
 from acklane.core.config import ConfigError, load_config, load_store_config, parse_config
 from acklane.core.events import EventRecord, EventStore
-from acklane.core.pipeline.attempts import AttemptStore
+from acklane.core.events.attempts import AttemptStore
 from acklane.core.pipeline.runner import Runner
 from acklane.core.sinks import sink_status
 
@@ -352,7 +352,7 @@ async def test_the_events_and_sinks_commands_show_only_the_configurations_pipeli
         assert result.exit_code == 0, result.output
         return [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
 
-    listed = await asyncio.to_thread(invoke, "events", "list", "--config", str(path), "--json")
+    listed = await asyncio.to_thread(invoke, "events", "list", str(path), "--json")
     assert [(e["payload"], e["stream"]) for e in listed] == [({"from": "alpha"}, "orders")]
     by_url = await asyncio.to_thread(
         invoke, "events", "list", "--url", db, "--pipeline", "beta", "--json"
@@ -508,7 +508,7 @@ async def test_a_store_of_the_previous_version_migrates_in_place_with_nothing_lo
 OPENER = r"""
 import asyncio, sys
 from acklane.core.events import EventRecord, EventStore
-from acklane.core.pipeline.attempts import AttemptStore
+from acklane.core.events.attempts import AttemptStore
 
 async def main(url, name):
     attempts = AttemptStore(url, pipeline=name)

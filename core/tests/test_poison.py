@@ -26,7 +26,7 @@ from acklane.connectors.memory import MemoryBroker
 from acklane.core.config import AcklaneConfig, parse_config
 from acklane.core.connectors.deadletter import ORIGIN_OFFSET, ORIGIN_TOPIC, REJECT_REASON
 from acklane.core.events import EventStore
-from acklane.core.pipeline.attempts import AttemptStore
+from acklane.core.events.attempts import AttemptStore
 from acklane.core.pipeline.runner import RestartsExhausted, Runner, stream_key_text
 
 TESTS = Path(__file__).parent

@@ -281,7 +281,7 @@ def test_cli_prune_takes_store_retention_from_the_config_and_no_broker_secret(
         "watchers: [{name: w, stream: s}]\n"
     )
     monkeypatch.delenv("AWS_SECRET", raising=False)
-    result = cli.invoke(events_cli, ["prune", "--config", str(config)])
+    result = cli.invoke(events_cli, ["prune", str(config)])
     assert result.exit_code == 0, result.output
     assert "deleted 1 event(s)" in result.stdout and "older than 1d" in result.stdout
     assert _stored_ns(sqlite_url) == [1, 2]
@@ -294,7 +294,7 @@ def test_cli_prune_refuses_a_null_retention_without_older_than(
     _age(sqlite_url, [0], timedelta(days=999))
     config = tmp_path / "p.yaml"
     config.write_text(f'store: {{url: "{sqlite_url}", retention: null}}\n')
-    result = cli.invoke(events_cli, ["prune", "--config", str(config)])
+    result = cli.invoke(events_cli, ["prune", str(config)])
     assert result.exit_code == 1
     assert "store.retention is null" in result.output
     assert _stored_ns(sqlite_url) == [0]

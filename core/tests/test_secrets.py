@@ -191,11 +191,11 @@ COMMANDS = [
     ["validate", "--format", "json", "{cfg}"],
     ["config", "show", "{cfg}"],
     ["config", "show", "--format", "json", "{cfg}"],
-    ["events", "list", "--config", "{cfg}"],
-    ["events", "tail", "--config", "{cfg}"],
-    ["store", "list", "--asset", "a", "--config", "{cfg}"],
-    ["store", "get", "k", "--task", "d/r/t", "--config", "{cfg}"],
-    ["store", "set", "k", "1", "--task", "d/r/t", "--create", "--config", "{cfg}"],
+    ["events", "list", "{cfg}"],
+    ["events", "tail", "{cfg}"],
+    ["store", "list", "{cfg}", "--asset", "a"],
+    ["store", "get", "{cfg}", "k", "--task", "d/r/t"],
+    ["store", "set", "{cfg}", "k", "1", "--task", "d/r/t", "--create"],
     ["run", "{cfg}"],  # with the broken file only: refused before anything starts
 ]
 

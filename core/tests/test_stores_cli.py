@@ -127,7 +127,7 @@ def test_bad_input_is_refused_with_exit_2_and_nothing_written(
 def test_the_store_must_be_named() -> None:
     result = store("list", "--asset", "a")
     assert result.exit_code == 2
-    assert "--config PATH" in result.stderr
+    assert "CONFIG" in result.stderr and "--url URL" in result.stderr
 
 
 def _config(tmp_path: Path, url: str, state: str = "") -> Path:
@@ -144,9 +144,9 @@ def _config(tmp_path: Path, url: str, state: str = "") -> Path:
 
 def test_the_store_named_in_the_yaml_is_used(tmp_path: Path, sqlite_url: str) -> None:
     config = _config(tmp_path, sqlite_url, "state:\n  default_retention_days: 1\n")
-    ok("set", "k", "1", "--task", "d/r/t", "-c", str(config))
+    ok("set", str(config), "k", "1", "--task", "d/r/t")
     assert ok("get", "k", "--task", "d/r/t", "--url", sqlite_url) == 1
-    entry = ok("list", "-l", "--task", "d/r/t", "-c", str(config))[0]
+    entry = ok("list", str(config), "-l", "--task", "d/r/t")[0]
     assert entry["expires_at"] is not None
 
 
@@ -157,15 +157,15 @@ def test_the_yamls_offload_dir_is_used(tmp_path: Path, sqlite_url: str) -> None:
         sqlite_url,
         f"state:\n  offload_dir: {json.dumps(str(offload))}\n  offload_threshold_bytes: 10\n",
     )
-    ok("set", "big", json.dumps("x" * 100), "--asset", "a", "-c", str(config))
+    ok("set", str(config), "big", json.dumps("x" * 100), "--asset", "a")
     assert list(offload.rglob("*.json"))
-    assert ok("get", "big", "--asset", "a", "-c", str(config)) == "x" * 100
+    assert ok("get", str(config), "big", "--asset", "a") == "x" * 100
 
 
 def test_a_bad_configuration_is_reported_with_its_file(tmp_path: Path) -> None:
     config = tmp_path / "bad.yaml"
     config.write_text("state:\n  max_value_byte: 3\n", encoding="utf-8")
-    result = store("list", "--asset", "a", "-c", str(config))
+    result = store("list", str(config), "--asset", "a")
     assert result.exit_code == 2
     assert str(config) in result.stderr
 
@@ -196,4 +196,4 @@ def test_config_reads_only_the_store_section(tmp_path: Path, sqlite_url: str) ->
         .replace("topics: [orders]", 'topics: [orders], broker: "${UNSET_BROKER_PASSWORD}"')
     )
     (tmp_path / "acklane.yaml").write_text(config)
-    assert ok("list", "--asset", "a", "-c", str(tmp_path / "acklane.yaml")) == []
+    assert ok("list", str(tmp_path / "acklane.yaml"), "--asset", "a") == []

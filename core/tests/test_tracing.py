@@ -420,9 +420,9 @@ def test_tracing_on_without_the_extra_is_a_problem_at_its_line(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # OpenTelemetry is installed here: only the loader's own check can say it is not
-    from acklane.core.config import _parse
+    from acklane.core.config import _checks
 
-    monkeypatch.setattr(_parse, "_tracing_installed", lambda: False)
+    monkeypatch.setattr(_checks, "_tracing_installed", lambda: False)
     text = textwrap.dedent(
         """\
         streams:

@@ -21,7 +21,7 @@ from .producer import AdvanceOutcome
 
 if TYPE_CHECKING:
     from .config import AcklaneConfig
-    from .pipeline.cases import CaseResult
+    from .harness.cases import CaseResult
 
 __all__ = [
     "CLEAN",
@@ -90,8 +90,8 @@ async def run_pipeline_tests_async(
     ValueError when no case was found.
     """
     from .config import AcklaneConfig, load_config
-    from .pipeline.cases import case_files, load_cases
-    from .pipeline.harness import run_cases
+    from .harness.cases import case_files, load_cases
+    from .harness.run import run_cases
 
     cfg = config if isinstance(config, AcklaneConfig) else load_config(config)
     paths = list(files) or (case_files(cfg.source) if not cfg.source.startswith("<") else [])
@@ -129,7 +129,7 @@ def assert_pipeline_tests(
     within: float = 30.0,
 ) -> list[CaseResult]:
     """Run a pipeline's test cases; AssertionError with every failure and its diff."""
-    from .pipeline.cases import describe_failure
+    from .harness.cases import describe_failure
 
     results = run_pipeline_tests(config, *files, select=select, within=within)
     failed = [r for r in results if not r.passed]

@@ -19,7 +19,7 @@ import sys
 from collections.abc import Callable, Coroutine
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -27,6 +27,9 @@ from rich.table import Table
 from rich.text import Text
 
 from ..observe.redact import redact
+from ._args import ConfigArg
+from ._exit import FAILED, USAGE, fail
+from ._load import load
 from ._text import cell, shown
 
 if TYPE_CHECKING:
@@ -56,7 +59,6 @@ class Format(StrEnum):
     JSON = "json"
 
 
-ConfigArg = Annotated[Path, typer.Argument(help="The pipeline's YAML configuration.")]
 StreamArg = Annotated[str, typer.Argument(help="The name of a stream of the configuration.")]
 ReasonOption = Annotated[
     str | None,
@@ -110,11 +112,6 @@ HoldOption = Annotated[
 _HOLDING = ("sqs", "pubsub")
 
 
-def _fail(message: str, code: int) -> NoReturn:
-    _err.print(cell(redact(message), style="red", lines=True))
-    raise typer.Exit(code)
-
-
 def _selection(reason: str | None, watcher: str | None, ids: list[str] | None) -> Selection:
     from ..connectors.dlq import Selection
 
@@ -125,31 +122,27 @@ def _reader(
     config: Path, stream: str, subscription: str | None, hold: int | None = None
 ) -> DeadLetterReader:
     """The stream's reader, or exit 2 saying why there is none."""
-    from ..config import ConfigError, load_config
     from ..connectors.dlq import DeadLettersNotSupported
     from ..errors import ConnectorError
 
-    try:
-        cfg = load_config(config)
-    except ConfigError as exc:
-        _fail(f"invalid configuration\n{exc}", 2)
+    cfg = load(config)
     if stream not in cfg.streams:
         known = ", ".join(sorted(cfg.streams)) or "none"
-        _fail(f"{config}: no stream named {stream!r} (streams: {known})", 2)
+        fail(f"{config}: no stream named {stream!r} (streams: {known})", USAGE)
     chosen = cfg.streams[stream]
     options: dict[str, Any] = {}
     if subscription is not None:
         if chosen.connector.name != "pubsub":
-            _fail("--subscription is for a Pub/Sub stream only", 2)
+            fail("--subscription is for a Pub/Sub stream only", USAGE)
         options["subscription"] = subscription
     if hold is not None and chosen.connector.name in _HOLDING:
         options["hold"] = hold
     try:
         return chosen.connector.create_dead_letter_reader(chosen.config, options=options)
     except DeadLettersNotSupported as exc:
-        _fail(f"stream {stream!r}: {exc}", 2)
+        fail(f"stream {stream!r}: {exc}", USAGE)
     except ConnectorError as exc:
-        _fail(f"stream {stream!r}: {exc}", 2)
+        fail(f"stream {stream!r}: {exc}", USAGE)
 
 
 def _run(reader: DeadLetterReader, stream: str, work: Callable[[], Coroutine[Any, Any, _T]]) -> _T:
@@ -166,11 +159,11 @@ def _run(reader: DeadLetterReader, stream: str, work: Callable[[], Coroutine[Any
     except typer.Exit:
         raise
     except DeadLettersNotSupported as exc:  # found once connected (a policy, a redrive target)
-        _fail(f"stream {stream!r}: {exc}", 2)
+        fail(f"stream {stream!r}: {exc}", USAGE)
     except Exception as exc:
-        _fail(
+        fail(
             f"stream {stream!r}, {reader.destination}: {type(exc).__name__}: {exc}",
-            1,
+            FAILED,
         )
 
 
@@ -381,9 +374,9 @@ def purge_command(
     )
     if not yes:
         if not sys.stdin.isatty():
-            _fail(f"purge removes {chosen} for good: confirm with --yes", 2)
+            fail(f"purge removes {chosen} for good: confirm with --yes", USAGE)
         if not typer.confirm(redact(f"Remove {chosen} of {reader.destination} for good?")):
-            _fail("nothing purged", 1)
+            fail("nothing purged", FAILED)
     with _Progress("purged") as progress:
         report = _run(reader, stream, lambda: purge(reader, selection, on_progress=progress))
     if output is Format.JSON:

@@ -2,7 +2,7 @@
 
 ``list`` shows stored events; ``tail`` follows new ones as they are committed;
 ``prune`` deletes the old ones (retention). All read the store named by ``--url`` or
-by the ``store.url`` of ``--config`` (only the ``store`` section, ``pipeline:`` and the
+by the ``store.url`` of CONFIG (only the ``store`` section, ``pipeline:`` and the
 watchers' streams of that file are read: a broker's unset variables do not matter).
 They see one pipeline's events: the configuration's, or ``--pipeline`` with ``--url``.
 They never create a database. Messages mask secrets (acklane.core.observe.redact).
@@ -11,12 +11,11 @@ They never create a database. Messages mask secrets (acklane.core.observe.redact
 from __future__ import annotations
 
 import asyncio
-import importlib
 import json
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any
 
 import typer
 from rich import box
@@ -41,7 +40,10 @@ from ..events import (
 from ..names import DEFAULT_PIPELINE, check_pipeline_name
 from ..observe.redact import redact, redact_url
 from ..sql import DEFAULT_URL, async_engine
-from ._text import cell, shown
+from ._args import OldConfigOption, OptionalConfigArg, config_given
+from ._exit import FAILED, fail
+from ._load import load_store
+from ._text import shown
 
 __all__ = ["app", "store_problem"]
 
@@ -64,16 +66,12 @@ UrlOption = Annotated[
         show_default=False,
     ),
 ]
-ConfigOption = Annotated[
-    Path | None,
-    typer.Option("--config", help="An acklane YAML configuration; its store.url is used."),
-]
 PipelineOption = Annotated[
     str | None,
     typer.Option(
         "--pipeline",
         help=f"With --url: the pipeline whose events to read (default {DEFAULT_PIPELINE!r}); "
-        "--config reads its pipeline: field.",
+        "CONFIG names its pipeline: field.",
         show_default=False,
     ),
 ]
@@ -94,19 +92,14 @@ def display_url(url: str) -> str:
     return redact(redact_url(url))
 
 
-def _fail(message: str) -> NoReturn:
-    _err.print(cell(redact(f"error: {message}"), style="red", lines=True), soft_wrap=True)
-    raise typer.Exit(1)
-
-
 @dataclass(frozen=True, slots=True)
 class _Target:
-    """What a command reads: the store, its settings (with --config), whose events."""
+    """What a command reads: the store, its settings (with CONFIG), whose events."""
 
     url: str
     settings: Any
     pipeline: str
-    #: watcher -> stream name (with --config), to show stream names
+    #: watcher -> stream name (with CONFIG), to show stream names
     streams: Mapping[str, str]
 
 
@@ -116,41 +109,19 @@ def resolve_url(url: str | None, config: Path | None) -> str:
 
 
 def _resolve_store(url: str | None, config: Path | None, pipeline: str | None = None) -> _Target:
-    """The store URL, pipeline and, with ``--config``, the file's ``store`` settings."""
+    """The store URL, pipeline and, with CONFIG, the file's ``store`` settings."""
     if url and config:
-        raise _CliError("give --url or --config, not both")
+        raise _CliError("give CONFIG or --url, not both")
     if config is not None and pipeline is not None:
-        raise _CliError("give --pipeline with --url; --config reads its pipeline: field")
+        raise _CliError("give --pipeline with --url; CONFIG names its pipeline: field")
     if config is None:
         try:
             chosen = check_pipeline_name(DEFAULT_PIPELINE if pipeline is None else pipeline)
         except ValueError as exc:
             raise _CliError(f"--pipeline: {exc}") from None
         return _Target(url or DEFAULT_URL, None, chosen, {})
-    try:
-        module: Any = importlib.import_module("acklane.core.config")
-        # only the store section (older versions: the whole file)
-        load_config = getattr(module, "load_store_config", None) or module.load_config
-    except (ImportError, AttributeError) as exc:
-        raise _CliError(
-            f"--config needs acklane.core.config.load_config, which is not available "
-            f"({exc}); pass --url instead"
-        ) from None
-    try:
-        loaded = load_config(config)
-    except Exception as exc:
-        message = str(exc)
-        raise _CliError(message if str(config) in message else f"{config}: {message}") from None
-    try:
-        store_url = str(loaded.store.url)
-    except AttributeError:
-        raise _CliError(f"{config}: the configuration has no store.url") from None
-    return _Target(
-        store_url,
-        loaded.store,
-        str(getattr(loaded, "pipeline", DEFAULT_PIPELINE)),
-        dict(getattr(loaded, "watcher_streams", {})),
-    )
+    loaded = load_store(config, code=FAILED)
+    return _Target(loaded.store.url, loaded.store, loaded.pipeline, dict(loaded.watcher_streams))
 
 
 def _check_url(url: str) -> None:
@@ -285,15 +256,16 @@ def _run(
         _check_url(target.url)
         asyncio.run(main(target))
     except _CliError as exc:
-        _fail(str(exc))
+        fail(str(exc), FAILED)
     except KeyboardInterrupt:  # Ctrl-C: stop quietly
         raise typer.Exit(0) from None
 
 
 @app.command("list")
 def list_events(
+    config: OptionalConfigArg = None,
     url: UrlOption = None,
-    config: ConfigOption = None,
+    old_config: OldConfigOption = None,
     trigger: TriggerOption = None,
     limit: Annotated[
         int, typer.Option("--limit", "-n", min=1, help="How many events at most.")
@@ -324,13 +296,14 @@ def list_events(
         if not as_json:
             _err.print(Text(f"{len(events)} of {total} event(s)", style="dim"))
 
-    _run(main, url, config, pipeline)
+    _run(main, url, config_given(config, old_config), pipeline)
 
 
 @app.command("tail")
 def tail_events(
+    config: OptionalConfigArg = None,
     url: UrlOption = None,
-    config: ConfigOption = None,
+    old_config: OldConfigOption = None,
     trigger: TriggerOption = None,
     lines: Annotated[
         int, typer.Option("--lines", "-n", min=0, help="Show the last N events first.")
@@ -361,19 +334,20 @@ def tail_events(
         finally:
             await engine.dispose()
 
-    _run(main, url, config, pipeline)
+    _run(main, url, config_given(config, old_config), pipeline)
 
 
 @app.command("prune")
 def prune_events(
+    config: OptionalConfigArg = None,
     url: UrlOption = None,
-    config: ConfigOption = None,
+    old_config: OldConfigOption = None,
     older_than: Annotated[
         str | None,
         typer.Option(
             "--older-than",
             help="Delete events created longer ago than this: seconds, or '12h', '7d', '2w'. "
-            "Default: the store.retention of --config, else "
+            "Default: the store.retention of CONFIG, else "
             f"{format_duration(DEFAULT_RETENTION)}.",
             show_default=False,
         ),
@@ -393,7 +367,7 @@ def prune_events(
     longer than the broker can redeliver (docs/event-store.md, Retention).
     """
     try:
-        target = _resolve_store(url, config, pipeline)
+        target = _resolve_store(url, config_given(config, old_config), pipeline)
         window = _prune_window(older_than, target.settings)
         _check_url(target.url)
         asyncio.run(
@@ -406,7 +380,7 @@ def prune_events(
             )
         )
     except _CliError as exc:
-        _fail(str(exc))
+        fail(str(exc), FAILED)
     except KeyboardInterrupt:  # Ctrl-C: what was committed stays deleted
         raise typer.Exit(130) from None
 

@@ -2,9 +2,9 @@
 
 No broker and no store: each case's message goes through the configuration's
 compiled filters on the in-process memory broker, with the engine's reject and
-poison rules (:mod:`acklane.core.pipeline.harness`). The case files are those named,
+poison rules (:mod:`acklane.core.harness.run`). The case files are those named,
 or ``<config>.tests.yaml`` and ``<config>.tests/*.yaml`` beside the configuration
-(:mod:`acklane.core.pipeline.cases` has the format).
+(:mod:`acklane.core.harness.cases` has the format).
 
 Output as pytest's: one line per case, then each failure with its diff of expected
 and actual; ``--format junit`` writes a JUnit XML report on stdout instead, for CI.
@@ -24,15 +24,16 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
+from ._exit import USAGE, fail
+from ._load import read
 from ._text import cell
 
 if TYPE_CHECKING:
-    from ..pipeline.cases import CaseResult
+    from ..harness.cases import CaseResult
 
 __all__ = ["junit_report", "run_tests"]
 
 _out = Console(highlight=False, soft_wrap=True)
-_err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 class ReportFormat(StrEnum):
@@ -80,37 +81,28 @@ def run_tests(
     passed, 1 when one failed, 2 for problems in the files.
     """
     import asyncio
-    import warnings
 
-    from ..config import ConfigError, load_config
-    from ..pipeline.cases import case_files, load_cases
-    from ..pipeline.harness import run_cases
+    from ..config import ConfigError
+    from ..harness.cases import case_files, load_cases
+    from ..harness.run import run_cases
 
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)
-            cfg = load_config(config)
+        cfg = read(config)
         paths = list(files) if files else case_files(config)
         if not paths:
             stem = config.name.rsplit(".", 1)[0]
-            _err.print(
-                Text(
-                    f"no test cases for {config}: write {config.with_name(stem + '.tests.yaml')} "
-                    f"(or files in {config.with_name(stem + '.tests')}/), or name case files",
-                    style="red",
-                )
+            fail(
+                f"no test cases for {config}: write {config.with_name(stem + '.tests.yaml')} "
+                f"(or files in {config.with_name(stem + '.tests')}/), or name case files",
+                USAGE,
             )
-            raise typer.Exit(2)
         cases = load_cases(paths, cfg)
     except ConfigError as exc:
-        _err.print(Text("invalid configuration or test cases", style="bold red"))
-        _err.print(cell(exc, lines=True))
-        raise typer.Exit(2) from None
+        fail(str(exc), USAGE, title="invalid configuration or test cases")
     if select:
         cases = [c for c in cases if select in c.name]
     if not cases:
-        _err.print(Text(f"no test case matches -k {select!r}", style="red"))
-        raise typer.Exit(2)
+        fail(f"no test case matches -k {select!r}", USAGE)
     started = time.monotonic()
     if output is ReportFormat.TEXT:
         _out.print(Text(f"acklane test: {config}: {len(cases)} case(s)", style="bold"))
@@ -125,7 +117,7 @@ def run_tests(
 
 
 def _text_report(results: list[CaseResult], seconds: float) -> None:
-    from ..pipeline.cases import describe_failure
+    from ..harness.cases import describe_failure
 
     for result in results:
         verdict = Text("PASSED", style="green") if result.passed else Text("FAILED", style="red")
@@ -148,7 +140,7 @@ def junit_report(results: list[CaseResult], seconds: float) -> str:
     """The results as JUnit XML: one testsuite per case file, one testcase per case."""
     import xml.etree.ElementTree as ET
 
-    from ..pipeline.cases import describe_failure
+    from ..harness.cases import describe_failure
 
     root = ET.Element("testsuites", name="acklane test", time=f"{seconds:.3f}")
     by_file: dict[str, list[CaseResult]] = {}

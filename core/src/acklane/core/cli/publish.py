@@ -22,7 +22,7 @@ import os
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Annotated, NoReturn
+from typing import IO, TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -30,6 +30,8 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
 from ..observe.redact import redact
+from ._exit import FAILED, USAGE, fail
+from ._load import load
 
 if TYPE_CHECKING:
     from ..connectors import OutgoingMessage, Publisher
@@ -45,11 +47,6 @@ _PROGRESS_BYTES = 256 * 1024
 
 class _UsageError(Exception):
     """A problem of the command line or of the input (exit 2)."""
-
-
-def _fail(message: str, code: int) -> NoReturn:
-    _err.print(Text(redact(message), style="red"))
-    raise typer.Exit(code)
 
 
 def _attributes(pairs: Iterable[str]) -> dict[str, str]:
@@ -233,30 +230,26 @@ def publish(
     Exit 0 when the broker confirmed every message, 1 when it did not, 2 on a
     usage or configuration problem.
     """
-    from ..config import ConfigError, load_config
     from ..connectors import PublishError, PublishNotSupported
 
-    try:
-        cfg = load_config(config)
-    except ConfigError as exc:
-        _fail(f"invalid configuration\n{exc}", 2)
+    cfg = load(config)
     if stream not in cfg.streams:
         known = ", ".join(sorted(cfg.streams)) or "none"
-        _fail(f"{config}: no stream named {stream!r} (streams: {known})", 2)
+        fail(f"{config}: no stream named {stream!r} (streams: {known})", USAGE)
     chosen = cfg.streams[stream]
     if message and file is not None:
-        _fail("give MESSAGE arguments or --file, not both", 2)
+        fail("give MESSAGE arguments or --file, not both", USAGE)
     try:
         attributes = _attributes(attribute or ())
         publisher = chosen.connector.create_publisher(chosen.config, destination=topic)
         if schema is not None or key_schema is not None:
             publisher.encode_with(_schema_text(schema), _schema_text(key_schema))
     except _UsageError as exc:
-        _fail(str(exc), 2)
+        fail(str(exc), USAGE)
     except PublishNotSupported as exc:
-        _fail(f"stream {stream!r}: {exc}", 2)
+        fail(f"stream {stream!r}: {exc}", USAGE)
     except PublishError as exc:
-        _fail(f"stream {stream!r}: {exc}", 2)
+        fail(f"stream {stream!r}: {exc}", USAGE)
 
     stream_in: IO[bytes] | None = None
     counted: _Counted | None = None
@@ -266,7 +259,7 @@ def publish(
     else:
         if file is None or file == "-":
             if file is None and sys.stdin.isatty():
-                _fail("give MESSAGE arguments, --file FILE, or pipe the messages in", 2)
+                fail("give MESSAGE arguments, --file FILE, or pipe the messages in", USAGE)
             if file is None:
                 _err.print("reading messages from stdin, one per line", style="dim")
             stream_in = sys.stdin.buffer
@@ -274,7 +267,7 @@ def publish(
             try:
                 stream_in = open(file, "rb")  # noqa: SIM115 - closed below
             except OSError as exc:
-                _fail(f"--file {file}: {exc.strerror or exc}", 2)
+                fail(f"--file {file}: {exc.strerror or exc}", USAGE)
             total_bytes = os.fstat(stream_in.fileno()).st_size
         counted = _Counted(stream_in)
         lines = counted
@@ -307,14 +300,14 @@ def publish(
 
             asyncio.run(_send_all(publisher, messages, on_sent))
     except _UsageError as exc:
-        _fail(f"{file or 'input'}: {exc} ({sent.count} message(s) sent before)", 2)
+        fail(f"{file or 'input'}: {exc} ({sent.count} message(s) sent before)", USAGE)
     except PublishError as exc:
-        _fail(f"stream {stream!r}: {exc} ({sent.count} message(s) confirmed before)", 1)
+        fail(f"stream {stream!r}: {exc} ({sent.count} message(s) confirmed before)", FAILED)
     except Exception as exc:
-        _fail(
+        fail(
             f"stream {stream!r}: publishing failed: {type(exc).__name__}: {exc} "
             f"({sent.count} message(s) confirmed before)",
-            1,
+            FAILED,
         )
     finally:
         if stream_in is not None and stream_in is not sys.stdin.buffer:

@@ -13,8 +13,7 @@ import json
 from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
-from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich import box
@@ -24,6 +23,9 @@ from rich.text import Text
 
 from ..durations import format_duration, parse_duration
 from ..observe.redact import redact
+from ._args import ConfigArg
+from ._exit import FAILED, USAGE, fail
+from ._load import load
 from ._text import cell
 
 if TYPE_CHECKING:
@@ -49,36 +51,21 @@ class Format(StrEnum):
     json = "json"
 
 
-ConfigArg = Annotated[Path, typer.Argument(help="The pipeline's YAML configuration.")]
 SinkArg = Annotated[str, typer.Argument(help="A sink's name (from the configuration's sinks:).")]
 FormatOption = Annotated[Format, typer.Option("--format", help="table (default) or json.")]
-
-
-def _fail(message: str, code: int = 1) -> NoReturn:
-    _err.print(cell(redact(f"error: {message}"), style="red", lines=True), soft_wrap=True)
-    raise typer.Exit(code)
-
-
-def _load(path: Path) -> AcklaneConfig:
-    from ..config import ConfigError, load_config
-
-    try:
-        return load_config(path)
-    except ConfigError as exc:
-        _fail(str(exc), 2)
 
 
 def _sinks_of(cfg: AcklaneConfig) -> dict[str, tuple[str, ...]]:
     sinks = {name: cfg.sink_watchers(name) for name in cfg.sinks}
     if not sinks:
-        _fail(f"{cfg.source} has no sinks: section", 2)
+        fail(f"{cfg.source} has no sinks: section", USAGE)
     return sinks
 
 
 def _check_sink(cfg: AcklaneConfig, sink: str) -> None:
     if sink not in cfg.sinks:
         known = ", ".join(cfg.sinks) or "none"
-        _fail(f"{cfg.source} has no sink named {sink!r} (sinks: {known})", 2)
+        fail(f"{cfg.source} has no sink named {sink!r} (sinks: {known})", USAGE)
 
 
 def _run(cfg: AcklaneConfig, main: Callable[[AsyncEngine], Coroutine[Any, Any, None]]) -> None:
@@ -91,7 +78,7 @@ def _run(cfg: AcklaneConfig, main: Callable[[AsyncEngine], Coroutine[Any, Any, N
 
     problem = store_problem(cfg.store.url)
     if problem is not None:
-        _fail(problem)
+        fail(problem, FAILED)
 
     async def go() -> None:
         from ..events import EventStore
@@ -113,7 +100,7 @@ def _run(cfg: AcklaneConfig, main: Callable[[AsyncEngine], Coroutine[Any, Any, N
     except typer.Exit:
         raise
     except Exception as exc:
-        _fail(f"{type(exc).__name__}: {exc}")
+        fail(f"{type(exc).__name__}: {exc}", FAILED)
 
 
 def _age(when: datetime | None, now: datetime) -> str:
@@ -124,7 +111,7 @@ def _age(when: datetime | None, now: datetime) -> str:
 def status(config: ConfigArg, output: FormatOption = Format.table) -> None:
     """Per sink: delivered, pending, in flight, retrying, parked, the oldest pending
     event's age, and which process delivers it."""
-    cfg = _load(config)
+    cfg = load(config)
     sinks = _sinks_of(cfg)
 
     async def main(engine: AsyncEngine) -> None:
@@ -186,7 +173,7 @@ def parked(
     output: FormatOption = Format.table,
 ) -> None:
     """The events parked for SINK, oldest first, with the reason of each."""
-    cfg = _load(config)
+    cfg = load(config)
     _check_sink(cfg, sink)
 
     async def main(engine: AsyncEngine) -> None:
@@ -242,10 +229,10 @@ def retry(
     every: Annotated[bool, typer.Option("--all", help="Every event parked for SINK.")] = False,
 ) -> None:
     """Give parked events another round of attempts (delivered by the running pipeline)."""
-    cfg = _load(config)
+    cfg = load(config)
     _check_sink(cfg, sink)
     if bool(event) == every:
-        _fail("give --event ID (one or more) or --all", 2)
+        fail("give --event ID (one or more) or --all", USAGE)
 
     async def main(engine: AsyncEngine) -> None:
         from ..sinks import retry_parked
@@ -271,7 +258,9 @@ def _since(value: str | None) -> datetime | None:
     try:
         when = datetime.fromisoformat(value)
     except ValueError:
-        _fail(f"--since {value!r}: expected an ISO time (2026-12-01T08:00) or a duration (2h)", 2)
+        fail(
+            f"--since {value!r}: expected an ISO time (2026-12-01T08:00) or a duration (2h)", USAGE
+        )
     return when.replace(tzinfo=UTC) if when.tzinfo is None else when
 
 
@@ -286,10 +275,10 @@ def replay(
 ) -> None:
     """Deliver stored events of WATCHER to SINK again, with their original event ids (a
     receiver that dedupes on them sees no repeat)."""
-    cfg = _load(config)
+    cfg = load(config)
     _check_sink(cfg, sink)
     if watcher not in cfg.sink_watchers(sink):
-        _fail(f"watcher {watcher!r} does not deliver to sink {sink!r} (see its sinks:)", 2)
+        fail(f"watcher {watcher!r} does not deliver to sink {sink!r} (see its sinks:)", USAGE)
     start = _since(since)
 
     async def main(engine: AsyncEngine) -> None:
@@ -321,10 +310,10 @@ def run_sinks(
 
     from ..sinks import Dispatcher, build_sinks
 
-    cfg = _load(config)
+    cfg = load(config)
     sinks = build_sinks(cfg)
     if not sinks:
-        _fail(f"{cfg.source}: no watcher names a sink: nothing to deliver", 2)
+        fail(f"{cfg.source}: no watcher names a sink: nothing to deliver", USAGE)
     log = logging.getLogger("acklane.core.cli.sinks")
 
     async def main() -> None:

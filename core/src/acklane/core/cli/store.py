@@ -5,9 +5,9 @@ commands compose with ``jq`` and scripts. Errors go to stderr with exit code 2
 (1 for ``get`` of a missing key without ``--default``), secrets masked
 (acklane.core.observe.redact).
 
-``--config`` reads only the ``store`` and ``state`` sections of the file (a broker's
-unset variables do not matter). A SQLite file that does not exist is an error, not
-a new empty database, except for ``set --create``.
+CONFIG (the first argument, or ``--url``) is read for its ``store`` and ``state``
+sections only (a broker's unset variables do not matter). A SQLite file that does
+not exist is an error, not a new empty database, except for ``set --create``.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import typer
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
-from ..observe.redact import redact, redact_url
+from ..observe.redact import redact_url
 from ..stores import (
     NEVER_EXPIRE,
     AssetStore,
@@ -40,6 +40,9 @@ from ..stores import (
     open_backend,
     validate_key,
 )
+from ._args import OldConfigOption, OptionalConfigArg, config_given, split_config
+from ._exit import FAILED, USAGE, fail
+from ._load import load_store
 
 __all__ = ["app"]
 
@@ -50,13 +53,9 @@ app = typer.Typer(
     add_completion=False,
 )
 
-ConfigOpt = Annotated[
-    Path | None,
-    typer.Option("--config", "-c", help="acklane YAML file naming the store (store.url, state)."),
-]
 UrlOpt = Annotated[
     str | None,
-    typer.Option("--url", help="Database URL of the store, instead of --config."),
+    typer.Option("--url", help="Database URL of the store, instead of CONFIG."),
 ]
 OffloadOpt = Annotated[
     str | None,
@@ -70,7 +69,24 @@ AssetOpt = Annotated[
     str | None,
     typer.Option("--asset", "-a", metavar="NAME", help="An asset's store (its name or URI)."),
 ]
-KeyArg = Annotated[str, typer.Argument(help="The key.")]
+
+KeyWords = Annotated[
+    list[str],
+    typer.Argument(
+        metavar="[CONFIG] KEY",
+        help="The YAML configuration naming the store (instead of --url), then the key.",
+        show_default=False,
+    ),
+]
+KeyValueWords = Annotated[
+    list[str],
+    typer.Argument(
+        metavar="[CONFIG] KEY VALUE",
+        help="The YAML configuration naming the store (instead of --url), the key, and "
+        "JSON text (- reads it from stdin).",
+        show_default=False,
+    ),
+]
 
 
 CreateOpt = Annotated[
@@ -80,11 +96,6 @@ CreateOpt = Annotated[
         help="Create the SQLite database if its file does not exist (else an error).",
     ),
 ]
-
-
-def _fail(message: str, code: int = 2) -> NoReturn:
-    typer.echo(redact(f"error: {message}"), err=True)
-    raise typer.Exit(code)
 
 
 def _check_sqlite_file(url: str, create: bool) -> None:
@@ -101,9 +112,10 @@ def _check_sqlite_file(url: str, create: bool) -> None:
     if str(database).startswith("file:"):
         return  # a SQLite URI: its own rules
     if not Path(str(database)).exists():
-        _fail(
+        fail(
             f"no SQLite database at {database} (acklane run creates it; "
-            "`acklane store set --create` creates an empty one)"
+            "`acklane store set --create` creates an empty one)",
+            USAGE,
         )
 
 
@@ -112,14 +124,7 @@ def _emit(document: Any) -> None:
 
 
 def _load_settings(config: Path) -> tuple[str, StateStoreSettings]:
-    try:
-        from ..config import load_store_config
-    except ImportError as exc:
-        _fail(f"--config needs acklane.core.config, which cannot be imported ({exc}); use --url")
-    try:
-        loaded = load_store_config(config)
-    except ValueError as exc:  # ConfigError: names the file, the line and the field
-        _fail(str(exc))
+    loaded = load_store(config)
     return loaded.store.url, loaded.state
 
 
@@ -128,40 +133,43 @@ def _opened(
     config: Path | None, url: str | None, offload_dir: str | None, *, create: bool = False
 ) -> Iterator[StateBackend]:
     if config is not None and url is not None:
-        _fail("give --config or --url, not both")
+        fail("give CONFIG or --url, not both", USAGE)
     if config is not None:
         if offload_dir is not None:
-            _fail("--offload-dir goes with --url; with --config it comes from state.offload_dir")
+            fail(
+                "--offload-dir goes with --url; with CONFIG it comes from state.offload_dir",
+                USAGE,
+            )
         store_url, settings = _load_settings(config)
     elif url is not None:
         store_url, settings = url, StateStoreSettings(offload_dir=offload_dir)
     else:
-        _fail("name the store: --config PATH (the YAML's store.url) or --url URL")
+        fail("name the store: CONFIG (the YAML's store.url) or --url URL", USAGE)
     _check_sqlite_file(store_url, create)
     try:
         backend = open_backend(store_url, settings)
     except ValueError as exc:
-        _fail(str(exc))
+        fail(str(exc), USAGE)
     try:
         yield backend
     except (StateStoreError, ValueError, TypeError) as exc:
-        _fail(str(exc))
+        fail(str(exc), USAGE)
     except SQLAlchemyError as exc:
-        _fail(f"store {redact_url(store_url)!r}: {getattr(exc, 'orig', None) or exc}")
+        fail(f"store {redact_url(store_url)!r}: {getattr(exc, 'orig', None) or exc}", USAGE)
     finally:
         backend.close()
 
 
 def _accessor(backend: StateBackend, task: str | None, asset: str | None) -> TaskStore | AssetStore:
     if (task is None) == (asset is None):
-        _fail("name one scope: --task DAG/RUN/TASK[/MAP] or --asset NAME")
+        fail("name one scope: --task DAG/RUN/TASK[/MAP] or --asset NAME", USAGE)
     try:
         if task is not None:
             return TaskStore(TaskScope.parse(task), backend=backend)
         assert asset is not None
         return AssetStore(asset, backend=backend, writer="api")
     except (ValueError, TypeError) as exc:
-        _fail(str(exc))
+        fail(str(exc), USAGE)
 
 
 def _parse_json(text: str, what: str) -> JsonValue:
@@ -171,7 +179,7 @@ def _parse_json(text: str, what: str) -> JsonValue:
     try:
         value: JsonValue = json.loads(text, parse_constant=refuse_constant)
     except ValueError as exc:
-        _fail(f"{what} is not JSON text: {exc}")
+        fail(f"{what} is not JSON text: {exc}", USAGE)
     return value
 
 
@@ -186,8 +194,9 @@ def _parse_retention(text: str | None) -> Retention:
         return NEVER_EXPIRE
     match = _DURATION.match(text)
     if match is None:
-        _fail(
-            f"--retention {text!r}: expected 'never' or a duration such as 3600, 90s, 15m, 12h, 7d"
+        fail(
+            f"--retention {text!r}: expected 'never' or a duration such as 3600, 90s, 15m, 12h, 7d",
+            USAGE,
         )
     return timedelta(seconds=float(match.group(1)) * _UNIT[match.group(2)])
 
@@ -213,18 +222,19 @@ def _entry_document(entry: StateEntry) -> dict[str, Any]:
 
 @app.command("get")
 def get_command(
-    key: KeyArg,
+    words: KeyWords,
     task: TaskOpt = None,
     asset: AssetOpt = None,
     default: Annotated[
         str | None,
         typer.Option("--default", help="JSON printed when the key is missing (exit 0)."),
     ] = None,
-    config: ConfigOpt = None,
+    old_config: OldConfigOption = None,
     url: UrlOpt = None,
     offload_dir: OffloadOpt = None,
 ) -> None:
     """Print KEY's value as JSON (exit 1 if missing, unless --default is given)."""
+    config, (key,) = split_config(words, ("KEY",), old_config)
     fallback = None if default is None else _parse_json(default, "--default")
     with _opened(config, url, offload_dir) as backend:
         store = _accessor(backend, task, asset)
@@ -234,7 +244,7 @@ def get_command(
     elif fallback is not None:
         _emit(fallback)
     else:
-        _fail(f"key {key!r} not found in {store.backend!r} scope {_scope_name(task, asset)}", 1)
+        fail(f"key {key!r} not found in {store.backend!r} scope {_scope_name(task, asset)}", FAILED)
 
 
 def _scope_name(task: str | None, asset: str | None) -> str:
@@ -243,8 +253,7 @@ def _scope_name(task: str | None, asset: str | None) -> str:
 
 @app.command("set")
 def set_command(
-    key: KeyArg,
-    value: Annotated[str, typer.Argument(help="JSON text, or - to read it from stdin.")],
+    words: KeyValueWords,
     task: TaskOpt = None,
     asset: AssetOpt = None,
     retention: Annotated[
@@ -255,16 +264,20 @@ def set_command(
             "default state.default_retention_days.",
         ),
     ] = None,
-    config: ConfigOpt = None,
+    old_config: OldConfigOption = None,
     url: UrlOpt = None,
     offload_dir: OffloadOpt = None,
     create: CreateOpt = False,
 ) -> None:
     """Set KEY to the JSON VALUE (an upsert)."""
+    config, (key, value) = split_config(words, ("KEY", "VALUE"), old_config)
     text = sys.stdin.read() if value == "-" else value
     parsed = _parse_json(text, "VALUE")
     if retention is not None and asset is not None:
-        _fail("--retention applies to the task store only; asset keys live until the asset goes")
+        fail(
+            "--retention applies to the task store only; asset keys live until the asset goes",
+            USAGE,
+        )
     keep = _parse_retention(retention)
     with _opened(config, url, offload_dir, create=create) as backend:
         store = _accessor(backend, task, asset)
@@ -278,14 +291,15 @@ def set_command(
 
 @app.command("delete")
 def delete_command(
-    key: KeyArg,
+    words: KeyWords,
     task: TaskOpt = None,
     asset: AssetOpt = None,
-    config: ConfigOpt = None,
+    old_config: OldConfigOption = None,
     url: UrlOpt = None,
     offload_dir: OffloadOpt = None,
 ) -> None:
     """Delete KEY (a missing key is not an error); print whether it existed."""
+    config, (key,) = split_config(words, ("KEY",), old_config)
     with _opened(config, url, offload_dir) as backend:
         store = _accessor(backend, task, asset)
         existed = backend.delete(store.scope, validate_key(key))
@@ -294,17 +308,18 @@ def delete_command(
 
 @app.command("list")
 def list_command(
+    config: OptionalConfigArg = None,
     task: TaskOpt = None,
     asset: AssetOpt = None,
     long: Annotated[
         bool, typer.Option("--long", "-l", help="Print entries with values and times.")
     ] = False,
-    config: ConfigOpt = None,
+    old_config: OldConfigOption = None,
     url: UrlOpt = None,
     offload_dir: OffloadOpt = None,
 ) -> None:
     """Print the live keys of a scope as a JSON array."""
-    with _opened(config, url, offload_dir) as backend:
+    with _opened(config_given(config, old_config), url, offload_dir) as backend:
         store = _accessor(backend, task, asset)
         if long:
             _emit([_entry_document(entry) for entry in store.entries()])
@@ -314,14 +329,15 @@ def list_command(
 
 @app.command("clear")
 def clear_command(
+    config: OptionalConfigArg = None,
     task: TaskOpt = None,
     asset: AssetOpt = None,
-    config: ConfigOpt = None,
+    old_config: OldConfigOption = None,
     url: UrlOpt = None,
     offload_dir: OffloadOpt = None,
 ) -> None:
     """Delete every key of a scope (a task scope: that map index only)."""
-    with _opened(config, url, offload_dir) as backend:
+    with _opened(config_given(config, old_config), url, offload_dir) as backend:
         store = _accessor(backend, task, asset)
         removed = backend.clear(store.scope)
     _emit({"cleared": removed})
@@ -329,15 +345,16 @@ def clear_command(
 
 @app.command("gc")
 def gc_command(
+    config: OptionalConfigArg = None,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Count what would be removed; remove nothing.")
     ] = False,
-    config: ConfigOpt = None,
+    old_config: OldConfigOption = None,
     url: UrlOpt = None,
     offload_dir: OffloadOpt = None,
 ) -> None:
     """Remove expired task keys and keys of deactivated assets, in batches."""
-    with _opened(config, url, offload_dir) as backend:
+    with _opened(config_given(config, old_config), url, offload_dir) as backend:
         report = backend.gc(dry_run=dry_run)
     _emit(report.to_dict())
 
@@ -345,12 +362,13 @@ def gc_command(
 @app.command("deactivate")
 def deactivate_command(
     asset: Annotated[str, typer.Option("--asset", "-a", metavar="NAME", help="The asset.")],
-    config: ConfigOpt = None,
+    config: OptionalConfigArg = None,
+    old_config: OldConfigOption = None,
     url: UrlOpt = None,
     offload_dir: OffloadOpt = None,
 ) -> None:
     """Mark an asset as gone: its keys vanish now, gc removes them, writes are refused."""
-    with _opened(config, url, offload_dir) as backend:
+    with _opened(config_given(config, old_config), url, offload_dir) as backend:
         backend.deactivate_asset(asset)
     _emit({"asset": asset, "active": False})
 
@@ -358,11 +376,12 @@ def deactivate_command(
 @app.command("activate")
 def activate_command(
     asset: Annotated[str, typer.Option("--asset", "-a", metavar="NAME", help="The asset.")],
-    config: ConfigOpt = None,
+    config: OptionalConfigArg = None,
+    old_config: OldConfigOption = None,
     url: UrlOpt = None,
     offload_dir: OffloadOpt = None,
 ) -> None:
     """Make a deactivated asset writable again, starting empty."""
-    with _opened(config, url, offload_dir) as backend:
+    with _opened(config_given(config, old_config), url, offload_dir) as backend:
         backend.activate_asset(asset)
     _emit({"asset": asset, "active": True})

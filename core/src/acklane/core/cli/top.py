@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from ..observe.redact import redact, redact_url
+from ._exit import FAILED, USAGE, fail
 
 if TYPE_CHECKING:  # rich's tables are imported when the command runs, not by `acklane`
     from rich.console import RenderableType
@@ -204,19 +205,20 @@ def render(url: str, sample: Sample, previous: Sample | None) -> RenderableType:
 def _base_url(config: Path | None, url: str | None) -> str:
     if url is not None:
         if config is not None:
-            raise typer.BadParameter("give CONFIG or --url, not both")
+            fail("give CONFIG or --url, not both", USAGE)
         if not url.startswith(("http://", "https://")):
-            raise typer.BadParameter(f"{redact_url(url)}: expected http://host:port")
+            fail(f"{redact_url(url)}: expected http://host:port", USAGE)
         return url.rstrip("/")
     if config is None:
-        raise typer.BadParameter("give the pipeline's CONFIG (its metrics.port) or --url")
-    from ._config import load
+        fail("give the pipeline's CONFIG (its metrics.port) or --url", USAGE)
+    from ._load import load
 
     port = load(config).metrics.port
     if port is None:
-        raise typer.BadParameter(
+        fail(
             f"{config}: metrics.port is not set (the pipeline serves no metrics); "
-            "set it, or give --url"
+            "set it, or give --url",
+            USAGE,
         )
     return f"http://127.0.0.1:{port}"
 
@@ -246,9 +248,9 @@ def top(
             time.sleep(min(interval, 1.0))
             second = read_sample(base)
             console.print(render(base, second, first))
-            raise typer.Exit(0 if second.error is None else 1)
+            raise typer.Exit(0 if second.error is None else FAILED)
         console.print(render(base, first, None))
-        raise typer.Exit(1)
+        raise typer.Exit(FAILED)
     from rich.live import Live
 
     previous: Sample | None = None

@@ -14,13 +14,16 @@ writes a literal ``${``.
 The package's modules, one concept each: ``_errors`` (the problem and error
 types), ``_models`` (the pydantic models of the YAML sections), ``_result`` (the
 validated configuration), ``_yaml`` (YAML with line numbers), ``_substitution``
-(``${NAME}``), ``_messages`` (pydantic errors as sentences) and ``_parse``
-(:func:`load_config` and :func:`parse_config`; :func:`load_store_config` reads only
-the ``store`` and ``state`` sections) and ``_show`` (the resolved configuration with
-its secrets masked). Import from here, not from them. The user's modules, found beside
-the configuration without shadowing installed ones, are imported by
-:mod:`acklane.core._imports` (below the filters, sinks and stores that import them too;
-re-exported here).
+(``${NAME}``), ``_messages`` (pydantic errors as sentences), ``_report`` (problems at
+their line, raised at once), ``_secrets`` (the file's secrets, registered), ``_load``
+(:func:`load_config`; :func:`load_store_config` reads only the ``store`` and ``state``
+sections), ``_parse`` (:func:`parse_config`: the sections in order, cross-checked),
+one module per section (``_sections``, ``_streams``, ``_watchers``, ``_sinks``),
+``_checks`` (the tracing extra, this machine's offline checks) and ``_show`` (the
+resolved configuration with its secrets masked). Import from here, not from them.
+The user's modules, found beside the configuration without shadowing installed ones,
+are imported by :mod:`acklane.core._imports` (below the filters, sinks and stores that
+import them too; re-exported here).
 
 Loading registers the file's secrets with :mod:`acklane.core.redact` (SecretStr
 fields, secret-like keys, URL passwords, ``${VAR}`` with secret-like names), and no
@@ -30,6 +33,7 @@ fields, secret-like keys, URL passwords, ``${VAR}`` with secret-like names), and
 from .._imports import add_import_roots, import_user_module
 from ..names import NAME_PATTERN
 from ._errors import ConfigError, ConfigProblem, Loc, format_path
+from ._load import load_config, load_store_config
 from ._models import (
     EngineSettings,
     MetricsSettings,
@@ -37,12 +41,7 @@ from ._models import (
     TracingSettings,
     WatcherSettings,
 )
-from ._parse import (
-    load_config,
-    load_store_config,
-    parse_config,
-    parse_store_config,
-)
+from ._parse import parse_config, parse_store_config
 from ._result import AcklaneConfig, StoreConfig, StreamConfig, WatcherConfig
 from ._show import config_document
 

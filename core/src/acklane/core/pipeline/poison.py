@@ -7,7 +7,7 @@ engine tells the policy which message such a failure belongs to (the raw event t
 failing filter was on; a failure that belongs to no one message, such as a broker or
 an event store error, counts for none). The policy counts these failed attempts per
 message, with the last error, and keeps them in acklane's database
-(:mod:`acklane.core.pipeline.attempts`), so a restart of the process does not reset them.
+(:mod:`acklane.core.events.attempts`), so a restart of the process does not reset them.
 
 When a message that has already failed ``max_attempts`` times (a stream setting,
 :data:`DEFAULT_MAX_ATTEMPTS` by default) is delivered again, the engine does not hand it
@@ -33,7 +33,7 @@ from ..names import DEFAULT_PIPELINE
 from ..redact import redact
 
 if TYPE_CHECKING:
-    from .attempts import AttemptRecord, AttemptStore
+    from ..events.attempts import AttemptRecord, AttemptStore
 
 __all__ = [
     "DEFAULT_MAX_ATTEMPTS",
@@ -178,7 +178,7 @@ class PoisonPolicy:
         book = self._books.get(key)
         if book is None:
             return
-        from .attempts import AttemptRecord, storable_message_id
+        from ..events.attempts import AttemptRecord, storable_message_id
 
         text = describe_error(error)
         record = book.suspects.get(message_id)
@@ -197,7 +197,7 @@ class PoisonPolicy:
         book = self._books.get(key)
         if book is None:
             return
-        from .attempts import storable_message_id
+        from ..events.attempts import storable_message_id
 
         for message_id in message_ids:
             book.suspects.pop(message_id, None)
@@ -216,7 +216,7 @@ class PoisonPolicy:
 
     async def open(self, url: str, *, pipeline: str = DEFAULT_PIPELINE) -> None:
         """Open ``pipeline``'s failed attempts in the database at ``url``."""
-        from .attempts import AttemptStore
+        from ..events.attempts import AttemptStore
 
         store = AttemptStore(url, pipeline=pipeline)
         await store.open()
@@ -230,7 +230,7 @@ class PoisonPolicy:
         store = self._store
         if book is None or store is None:
             return
-        from .attempts import storable_message_id
+        from ..events.attempts import storable_message_id
 
         await self.flush()  # what this process counted first, so the table has it all
         try:

@@ -25,7 +25,7 @@ A pipeline's cases live beside it: for ``orders.yaml``, the file
 Watchers a case does not name are not checked; ``dead_letter`` unset is not
 checked either. Problems of a file are reported as the configuration's are:
 ``file:line: cases[0].expect.big-orders.fire: ...``, all at once.
-:mod:`acklane.core.pipeline.harness` runs the cases.
+:mod:`acklane.core.harness.run` runs the cases.
 """
 
 from __future__ import annotations

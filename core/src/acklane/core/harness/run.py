@@ -32,9 +32,9 @@ from typing import TYPE_CHECKING, Any, Final
 
 from ..config import StreamConfig
 from ..connectors.deadletter import ORIGIN_OFFSET, ORIGIN_PARTITION, ORIGIN_TOPIC, REJECT_REASON
+from ..pipeline.runner import Runner, RunObserver
 from ..producer import AdvanceItem
 from .cases import Actual, Case, CaseResult, judge
-from .runner import Runner, RunObserver
 
 if TYPE_CHECKING:
     from ..config import AcklaneConfig
@@ -133,8 +133,8 @@ def test_config(
 
     from ..config import MetricsSettings, StoreSettings
     from ..connectors import load_connector
+    from ..pipeline.poison import max_attempts_of
     from ..stores.settings import StateStoreSettings
-    from .poison import max_attempts_of
 
     streams: dict[str, StreamConfig] = {}
     for name, stream in config.streams.items():

@@ -42,10 +42,10 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from ..events import storable_stream_key
-from ..events._schema import column_names, key_by_pipeline
 from ..names import DEFAULT_PIPELINE
 from ..sql import async_engine, create_schema
+from ._model import storable_stream_key
+from ._schema import column_names, key_by_pipeline
 
 __all__ = ["STALE_AFTER", "TABLE_NAME", "AttemptRecord", "AttemptStore", "attempts_table"]
 
