@@ -173,8 +173,9 @@ async def test_dataclass_and_mapping_settings_name_their_fields(
 async def test_kafka_triggers_with_other_dead_letter_topics_are_refused_before_anything_connects(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # _producer: where the Kafka client classes are looked up, patched so none is created
-    from acklane.connectors.kafka import KafkaMessageTrigger, _producer
+    # _producer and _dlq: where the Kafka client classes are looked up (the consumer's,
+    # the dead-letter producer's), patched so none is created
+    from acklane.connectors.kafka import KafkaMessageTrigger, _dlq, _producer
 
     made: list[str] = []
 
@@ -186,7 +187,7 @@ async def test_kafka_triggers_with_other_dead_letter_topics_are_refused_before_a
         return make
 
     monkeypatch.setattr(_producer, "Consumer", refuse("consumer"))
-    monkeypatch.setattr(_producer, "Producer", refuse("producer"))
+    monkeypatch.setattr(_dlq, "Producer", refuse("producer"))
     common: dict[str, Any] = {
         "bootstrap_servers": "127.0.0.1:9",
         "topics": ["orders"],
