@@ -70,9 +70,9 @@ BRANCHES: dict[str, type[AcklaneError]] = {
     "acklane.core.trigger.AckTimeout": SharedStreamError,
     "acklane.core.trigger.SubscriberOverflow": SharedStreamError,
     "acklane.core.trigger.StreamEnded": SharedStreamError,
-    "acklane.core.pipeline.runner.WatcherLeft": SharedStreamError,
+    "acklane.core.pipeline._cohort.WatcherLeft": SharedStreamError,
     # the runner gave up: engine.max_restarts
-    "acklane.core.pipeline.runner.RestartsExhausted": AcklaneError,
+    "acklane.core.pipeline._cohort.RestartsExhausted": AcklaneError,
     # the event store's database
     "acklane.core.events._store.StoreUnavailable": AcklaneError,
     "acklane.core.observe.metrics.MetricsPortUnavailable": AcklaneError,
